@@ -1,0 +1,196 @@
+#pragma once
+
+/// \file
+/// `torchamp::GradScaler`: dynamic loss scaling for the LibTorch C++ frontend,
+/// the counterpart of Python's `torch.amp.GradScaler`.
+
+#include <torchamp/scale_schedule.h>
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+namespace torch {
+namespace optim {
+class Optimizer;
+}  // namespace optim
+}  // namespace torch
+
+namespace torchamp {
+
+/// A scaler's serialisable state: a string-keyed dictionary of IValues, the
+/// type `torch::pickle_load(bytes).toGenericDict()` returns. An empty one is
+/// `StateDict(c10::StringType::get(), c10::AnyType::get())`.
+using StateDict = c10::impl::GenericDict;
+
+/// Options of a `GradScaler`, with chained setters like
+/// `torch::optim::AdamOptions`:
+/// `GradScaler scaler(GradScalerOptions().init_scale(1024).growth_interval(100));`
+///
+/// The first five are Python's `GradScaler(init_scale, growth_factor,
+/// backoff_factor, growth_interval, enabled)` with the same defaults.
+struct GradScalerOptions {
+  /// Initial scale; finite and > 0 as a float32.
+  TORCH_ARG(double, init_scale) = 65536.0;
+  /// Multiplier after `growth_interval` consecutive clean updates; > 1.
+  TORCH_ARG(double, growth_factor) = 2.0;
+  /// Multiplier after `backoff_interval` consecutive overflowing updates; in (0, 1).
+  TORCH_ARG(double, backoff_factor) = 0.5;
+  /// Consecutive clean updates before the scale grows; >= 1.
+  TORCH_ARG(int64_t, growth_interval) = 2000;
+  /// Consecutive overflowing updates before the scale backs off; >= 1. 1 is
+  /// PyTorch's rule; Paddle's `decr_every_n_nan_or_inf` (default 2) is this.
+  TORCH_ARG(int64_t, backoff_interval) = 1;
+  /// false: the scale stays fixed (overflowing steps are still skipped).
+  TORCH_ARG(bool, dynamic) = true;
+  /// false: a transparent pass-through, as Python's `enabled=False`.
+  TORCH_ARG(bool, enabled) = true;
+};
+
+/// Dynamic loss scaling. The training loop is Python's:
+///
+/// ```
+/// torchamp::GradScaler scaler;
+/// optimizer.zero_grad();
+/// scaler.scale(loss).backward();
+/// scaler.unscale_(optimizer);   // optional: real gradients, e.g. for clipping
+/// scaler.step(optimizer);       // skipped when a gradient is inf/NaN
+/// scaler.update();              // grow or back off the scale
+/// ```
+///
+/// Each optimizer moves through ready -> unscaled -> stepped once per
+/// iteration; `update()` returns every optimizer to ready. Optimizers are
+/// identified by address (Python uses `id(optimizer)`).
+///
+/// Errors are typed as Python's: misuse throws `c10::Error` (RuntimeError),
+/// bad values `c10::ValueError`, unsupported gradients
+/// `c10::NotImplementedError`. A call that throws changes no state of the
+/// scaler.
+///
+/// Differences from Python: the scale lives on the host as a float32 value
+/// (CUDA gradients are still unscaled on the device and synchronised once per
+/// `step`), `step` forwards no extra arguments, and `backoff_interval` and
+/// `dynamic` are extensions (Paddle has both).
+class GradScaler {
+ public:
+  using LossClosure = std::function<at::Tensor()>;
+
+  /// Throws `c10::ValueError` naming the option and value if any option is
+  /// out of range, also when `enabled` is false.
+  explicit GradScaler(GradScalerOptions options = {});
+
+  /// `output * scale` with `output`'s dtype and device (the scale is applied
+  /// as a scalar; no host-device copy). Disabled: returns `output` itself.
+  /// Throws `c10::ValueError` for an undefined tensor, enabled or not.
+  at::Tensor scale(const at::Tensor& output);
+
+  /// `scale` applied to each tensor, order kept. Every tensor is checked
+  /// before any is scaled.
+  std::vector<at::Tensor> scale(const std::vector<at::Tensor>& outputs);
+
+  /// Divides (multiplies by the float32 reciprocal of the scale, as ATen) the
+  /// gradients of every parameter of every param group in place, and records
+  /// whether any held an inf/NaN. float32 and float64 gradients are unscaled
+  /// in their own dtype; bfloat16 ones in float32, rounded back once. Sparse
+  /// gradients are coalesced and their values unscaled.
+  ///
+  /// Throws, before anything is unscaled and without changing the stage:
+  /// `c10::Error` if `unscale_` or `step` already ran for this optimizer since
+  /// the last `update()`; `c10::ValueError` for a float16 gradient;
+  /// `c10::NotImplementedError` for a complex or other non-floating gradient
+  /// or an unsupported layout. Disabled: does nothing.
+  void unscale_(torch::optim::Optimizer& optimizer);
+
+  /// Unscales the gradients unless `unscale_` already ran for this optimizer
+  /// (never twice), then returns `optimizer.step()`, or `std::nullopt`
+  /// without calling it when a gradient was inf/NaN.
+  ///
+  /// Throws `c10::Error` if `step` already ran since the last `update()`, or
+  /// "No inf checks were recorded for this optimizer." when the optimizer has
+  /// no gradient at all; otherwise as `unscale_`. Disabled: returns
+  /// `optimizer.step()`.
+  std::optional<at::Tensor> step(torch::optim::Optimizer& optimizer);
+
+  /// Closures are refused while enabled (`c10::Error`): a closure re-runs
+  /// backward and its gradients would never be unscaled. Disabled: returns
+  /// `optimizer.step(closure)`.
+  std::optional<at::Tensor> step(torch::optim::Optimizer& optimizer, LossClosure closure);
+
+  /// Ends the iteration: backs off (after `backoff_interval` consecutive
+  /// overflowing updates) if any optimizer's gradients overflowed since the
+  /// last update, else counts a clean update (growing after
+  /// `growth_interval`); see `ScaleSchedule::update`. With `new_scale` the
+  /// scale is set to it directly (validated like `init_scale`), counters
+  /// untouched. Either way every optimizer returns to ready.
+  ///
+  /// Throws `c10::Error` "No inf checks were recorded prior to update." when
+  /// no gradient was checked since the last update (and no `new_scale`).
+  /// Disabled: does nothing.
+  void update(std::optional<double> new_scale = std::nullopt);
+
+  /// The current scale (a float32 value); 1.0 when disabled.
+  double get_scale() const;
+  bool is_enabled() const { return options_.enabled(); }
+  /// The options, kept in step with the setters and `load_state_dict`.
+  const GradScalerOptions& options() const { return options_; }
+
+  double get_growth_factor() const { return schedule_.growth_factor(); }
+  double get_backoff_factor() const { return schedule_.backoff_factor(); }
+  int64_t get_growth_interval() const { return schedule_.growth_interval(); }
+  int64_t get_backoff_interval() const { return schedule_.backoff_interval(); }
+  /// Consecutive clean updates counted so far.
+  int64_t get_growth_tracker() const { return schedule_.growth_tracker(); }
+  /// Consecutive overflowing updates counted so far.
+  int64_t get_backoff_tracker() const { return schedule_.backoff_tracker(); }
+  bool is_dynamic() const { return schedule_.dynamic(); }
+
+  /// Validated as in the constructor (`c10::ValueError`, nothing changed).
+  void set_growth_factor(double growth_factor);
+  void set_backoff_factor(double backoff_factor);
+  void set_growth_interval(int64_t growth_interval);
+  void set_backoff_interval(int64_t backoff_interval);
+
+  /// PyTorch's keys, so checkpoints cross between Python and C++: `scale`,
+  /// `growth_factor`, `backoff_factor` (double), `growth_interval`,
+  /// `_growth_tracker` (int), and ours: `backoff_interval`, `_backoff_tracker`
+  /// (int), `dynamic` (bool). Empty when disabled.
+  StateDict state_dict() const;
+
+  /// Loads a `state_dict()`, or Python's (without our three keys, which then
+  /// stay as they are). Every key's presence, type and value is checked
+  /// before anything changes (`c10::ValueError` naming the key); ints are
+  /// accepted where doubles are expected. An empty dict throws `c10::Error`
+  /// "The source state dict is empty, possibly because it was saved from a
+  /// disabled instance of GradScaler." Unknown keys are ignored. Disabled:
+  /// does nothing.
+  void load_state_dict(const StateDict& state);
+
+ private:
+  enum class Stage { kReady, kUnscaled, kStepped };
+
+  struct OptimizerState {
+    Stage stage = Stage::kReady;
+    bool checked = false;                  // at least one gradient was checked
+    bool found_inf = false;                // host-side result (CPU gradients)
+    std::vector<at::Tensor> device_found;  // per-device found_inf (CUDA), read at step/update
+  };
+
+  // Validates, then unscales; returns whether any gradient was checked.
+  // Nothing is changed if it throws.
+  bool unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state);
+  // Folds device flags into state.found_inf (one host sync per device).
+  static bool resolve_found_inf(OptimizerState& state);
+
+  GradScalerOptions options_;
+  ScaleSchedule schedule_;
+  std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
+};
+
+}  // namespace torchamp

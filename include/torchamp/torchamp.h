@@ -1,0 +1,10 @@
+#pragma once
+
+/// \file
+/// Everything torchamp offers: dynamic loss scaling and autocast for the
+/// LibTorch C++ frontend.
+
+#include <torchamp/autocast.h>
+#include <torchamp/grad_scaler.h>
+#include <torchamp/scale_schedule.h>
+#include <torchamp/version.h>

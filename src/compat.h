@@ -1,0 +1,70 @@
+#pragma once
+
+// The one place where LibTorch versions differ (not installed).
+//
+// Everything version-dependent that torchamp uses goes through here, keyed on
+// TORCH_VERSION_MAJOR/MINOR from <torch/version.h>.
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+#include <torch/version.h>
+
+#define TORCHAMP_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||           \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace torchamp {
+namespace compat {
+
+/// LibTorch 2.4 generalised the autocast state to `(DeviceType)` getters and
+/// setters and deprecated the per-device ones; earlier versions only have the
+/// per-device functions.
+#if TORCHAMP_TORCH_AT_LEAST(2, 4)
+inline bool autocast_enabled(c10::DeviceType d) {
+  return at::autocast::is_autocast_enabled(d);
+}
+inline void set_autocast_enabled(c10::DeviceType d, bool on) {
+  at::autocast::set_autocast_enabled(d, on);
+}
+inline at::ScalarType autocast_dtype(c10::DeviceType d) {
+  return at::autocast::get_autocast_dtype(d);
+}
+inline void set_autocast_dtype(c10::DeviceType d, at::ScalarType t) {
+  at::autocast::set_autocast_dtype(d, t);
+}
+#else
+inline bool autocast_enabled(c10::DeviceType d) {
+  return d == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+inline void set_autocast_enabled(c10::DeviceType d, bool on) {
+  if (d == c10::DeviceType::CPU) {
+    at::autocast::set_cpu_enabled(on);
+  } else {
+    at::autocast::set_enabled(on);
+  }
+}
+inline at::ScalarType autocast_dtype(c10::DeviceType d) {
+  return d == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
+                                   : at::autocast::get_autocast_gpu_dtype();
+}
+inline void set_autocast_dtype(c10::DeviceType d, at::ScalarType t) {
+  if (d == c10::DeviceType::CPU) {
+    at::autocast::set_autocast_cpu_dtype(t);
+  } else {
+    at::autocast::set_autocast_gpu_dtype(t);
+  }
+}
+#endif
+
+/// CPU autocast to float16 arrived in LibTorch 2.2; before that CPU autocast
+/// only knows bfloat16 (Python's torch.autocast warns and disables itself).
+constexpr bool kCpuAutocastFloat16 = TORCHAMP_TORCH_AT_LEAST(2, 2);
+
+/// ATen's `_amp_foreach_non_finite_check_and_unscale_` and `_amp_update_scale_`
+/// have CPU kernels from LibTorch 2.3 on.
+constexpr bool kAtenHasCpuAmpKernels = TORCHAMP_TORCH_AT_LEAST(2, 3);
+
+}  // namespace compat
+}  // namespace torchamp

@@ -1,0 +1,240 @@
+// CPU kernels: one read (and at most one write) per element, vectorised by the
+// compiler (this file is built with -O3; the span loops are cloned for AVX2
+// and AVX-512 and picked at load time), parallel across and within tensors.
+
+#include "kernels.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && defined(__linux__)
+#define TORCHAMP_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TORCHAMP_TARGET_CLONES
+#endif
+
+namespace torchamp {
+namespace kernels {
+namespace {
+
+constexpr uint32_t kF32ExpMask = 0x7f800000u;
+constexpr uint64_t kF64ExpMask = 0x7ff0000000000000ull;
+
+// Elements per parallel work item: large enough to amortise scheduling, small
+// enough that 10,000 small tensors still spread over every thread.
+constexpr int64_t kGrain = 1 << 15;
+
+inline uint32_t bits_of(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+inline uint64_t bits_of(double v) {
+  uint64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+inline float float_of(uint32_t b) {
+  float v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+// float32 -> bfloat16, round to nearest even, NaN -> 0x7FC0: exactly
+// c10::BFloat16's conversion, written branch-free so it vectorises.
+inline uint16_t to_bf16(float v) {
+  const uint32_t b = bits_of(v);
+  const uint32_t rounded = (b + (((b >> 16) & 1u) + 0x7fffu)) >> 16;
+  return v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
+}
+
+// Span loops: return whether any input element had an all-ones exponent.
+
+TORCHAMP_TARGET_CLONES
+bool unscale_span(float* p, int64_t n, float inv) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = p[i];
+    bad |= static_cast<uint32_t>((bits_of(v) & kF32ExpMask) == kF32ExpMask);
+    p[i] = v * inv;
+  }
+  return bad != 0;
+}
+
+TORCHAMP_TARGET_CLONES
+bool unscale_span(double* p, int64_t n, float inv) {
+  const double dinv = inv;
+  uint64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = p[i];
+    bad |= static_cast<uint64_t>((bits_of(v) & kF64ExpMask) == kF64ExpMask);
+    p[i] = v * dinv;
+  }
+  return bad != 0;
+}
+
+TORCHAMP_TARGET_CLONES
+bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = static_cast<uint32_t>(p[i]) << 16;
+    bad |= static_cast<uint32_t>((b & kF32ExpMask) == kF32ExpMask);
+    p[i] = to_bf16(float_of(b) * inv);
+  }
+  return bad != 0;
+}
+
+TORCHAMP_TARGET_CLONES
+bool check_span(const float* p, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    bad |= static_cast<uint32_t>((bits_of(p[i]) & kF32ExpMask) == kF32ExpMask);
+  }
+  return bad != 0;
+}
+
+TORCHAMP_TARGET_CLONES
+bool check_span(const double* p, int64_t n) {
+  uint64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    bad |= static_cast<uint64_t>((bits_of(p[i]) & kF64ExpMask) == kF64ExpMask);
+  }
+  return bad != 0;
+}
+
+TORCHAMP_TARGET_CLONES
+bool check_span(const uint16_t* p, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    bad |= static_cast<uint32_t>((p[i] & 0x7f80u) == 0x7f80u);
+  }
+  return bad != 0;
+}
+
+struct Segment {
+  void* data;
+  int64_t numel;
+  at::ScalarType dtype;
+};
+
+// Process [begin, end) of one segment; returns the non-finite flag.
+inline bool run_segment(const Segment& s, int64_t begin, int64_t end, bool write, float inv) {
+  const int64_t n = end - begin;
+  switch (s.dtype) {
+    case at::kFloat: {
+      auto* p = static_cast<float*>(s.data) + begin;
+      return write ? unscale_span(p, n, inv) : check_span(p, n);
+    }
+    case at::kDouble: {
+      auto* p = static_cast<double*>(s.data) + begin;
+      return write ? unscale_span(p, n, inv) : check_span(p, n);
+    }
+    case at::kBFloat16: {
+      auto* p = static_cast<uint16_t*>(s.data) + begin;
+      return write ? unscale_span(p, n, inv) : check_span(p, n);
+    }
+    default:
+      TORCH_INTERNAL_ASSERT(false, "unreachable dtype ", s.dtype);
+  }
+}
+
+bool run(c10::ArrayRef<at::Tensor> tensors, bool write, float inv,
+         std::vector<uint8_t>* per_tensor_found) {
+  // One small vector per call (a segment per tensor) plus the prefix sums;
+  // non-contiguous tensors go through a contiguous copy written back after.
+  std::vector<Segment> segments;
+  std::vector<int64_t> offsets;  // offsets[i] = first global element of segment i
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  std::vector<size_t> tensor_of;  // segment -> index in `tensors`
+  segments.reserve(tensors.size());
+  offsets.reserve(tensors.size() + 1);
+  tensor_of.reserve(tensors.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    TORCH_INTERNAL_ASSERT(t.defined() && t.device().is_cpu() && t.layout() == at::kStrided &&
+                          cpu_supports(t.scalar_type()));
+    if (t.numel() == 0) {
+      continue;
+    }
+    at::Tensor dense = t;
+    if (!t.is_contiguous()) {
+      dense = t.contiguous();
+      copies.emplace_back(t, dense);  // kept alive for the pass, written back after
+    }
+    segments.push_back({dense.data_ptr(), dense.numel(), dense.scalar_type()});
+    offsets.push_back(total);
+    tensor_of.push_back(i);
+    total += dense.numel();
+  }
+  offsets.push_back(total);
+
+  std::unique_ptr<std::atomic<uint8_t>[]> found_per_segment;
+  if (per_tensor_found != nullptr) {
+    found_per_segment.reset(new std::atomic<uint8_t>[segments.size()]);
+    for (size_t s = 0; s < segments.size(); ++s) {
+      found_per_segment[s].store(0, std::memory_order_relaxed);
+    }
+  }
+  std::atomic<bool> found{false};
+
+  if (total > 0) {
+    at::parallel_for(0, total, kGrain, [&](int64_t begin, int64_t end) {
+      // First segment that holds `begin`.
+      auto s = static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), begin) -
+                                   offsets.begin() - 1);
+      bool local = false;
+      for (int64_t pos = begin; pos < end; ++s) {
+        const int64_t seg_end = std::min(end, offsets[s + 1]);
+        const bool bad =
+            run_segment(segments[s], pos - offsets[s], seg_end - offsets[s], write, inv);
+        if (bad) {
+          local = true;
+          if (found_per_segment) {
+            found_per_segment[s].store(1, std::memory_order_relaxed);
+          }
+        }
+        pos = seg_end;
+      }
+      if (local) {
+        found.store(true, std::memory_order_relaxed);
+      }
+    });
+  }
+
+  if (write) {
+    for (auto& [original, dense] : copies) {
+      original.copy_(dense);
+    }
+  }
+  if (per_tensor_found != nullptr) {
+    per_tensor_found->assign(tensors.size(), 0);
+    for (size_t s = 0; s < segments.size(); ++s) {
+      (*per_tensor_found)[tensor_of[s]] = found_per_segment[s].load(std::memory_order_relaxed);
+    }
+  }
+  return found.load(std::memory_order_relaxed);
+}
+
+}  // namespace
+
+bool cpu_supports(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16;
+}
+
+bool unscale_cpu_(c10::ArrayRef<at::Tensor> tensors, float inv_scale,
+                  std::vector<uint8_t>* per_tensor_found) {
+  return run(tensors, /*write=*/inv_scale != 1.0f, inv_scale, per_tensor_found);
+}
+
+bool check_cpu(c10::ArrayRef<at::Tensor> tensors, std::vector<uint8_t>* per_tensor_found) {
+  return run(tensors, /*write=*/false, 1.0f, per_tensor_found);
+}
+
+}  // namespace kernels
+}  // namespace torchamp
