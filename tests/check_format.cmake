@@ -1,0 +1,18 @@
+# Fails if clang-format would change any C++ file of the repository.
+file(GLOB_RECURSE files RELATIVE "${ROOT}"
+  "${ROOT}/include/*.h" "${ROOT}/src/*.h" "${ROOT}/src/*.cpp" "${ROOT}/tests/*.h"
+  "${ROOT}/tests/*.cpp" "${ROOT}/examples/*.cpp" "${ROOT}/apps/*.cpp" "${ROOT}/apps/*.h"
+  "${ROOT}/bench/*.cpp")
+set(bad "")
+foreach(f IN LISTS files)
+  execute_process(COMMAND "${CLANG_FORMAT}" --dry-run --Werror "${ROOT}/${f}"
+    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+  if(NOT rc EQUAL 0)
+    list(APPEND bad "${f}")
+  endif()
+endforeach()
+if(bad)
+  message(FATAL_ERROR "clang-format would change: ${bad}\nRun: clang-format -i <files>")
+endif()
+list(LENGTH files n)
+message(STATUS "${n} files formatted")

@@ -1,0 +1,32 @@
+# Configures, builds and runs tests/consumer against torchamp found with
+# find_package(torchamp CONFIG REQUIRED): MODE=build-tree points torchamp_DIR
+# at the build directory; MODE=install-prefix installs there first and uses
+# CMAKE_PREFIX_PATH, as a user of an installed package would.
+file(REMOVE_RECURSE "${WORK}")
+set(find_args "")
+if(MODE STREQUAL "build-tree")
+  list(APPEND find_args "-Dtorchamp_DIR=${TORCHAMP_BUILD}")
+else()
+  execute_process(COMMAND ${CMAKE_COMMAND} --install "${TORCHAMP_BUILD}" --prefix "${WORK}/prefix"
+    RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "install failed")
+  endif()
+  list(APPEND find_args "-DCMAKE_PREFIX_PATH=${WORK}/prefix")
+endif()
+if(LAUNCHER)
+  list(APPEND find_args "-DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE}" -B "${WORK}/build" -G "${GENERATOR}"
+  -DCMAKE_BUILD_TYPE=Release "-DTorch_DIR=${Torch_DIR}" ${find_args} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configure failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build "${WORK}/build" RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "build failed")
+endif()
+execute_process(COMMAND "${WORK}/build/consumer" RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "consumer exited with ${rc}")
+endif()

@@ -1,0 +1,150 @@
+// The CPU kernel layer: results bit-identical to the scalar reference, the
+// non-finite flag (overall and per tensor) exact, on edge values and on
+// tensors large enough to be split across threads.
+#include "kernels/kernels.h"
+
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+
+namespace {
+
+using torchamp::kernels::check_cpu;
+using torchamp::kernels::unscale_cpu_;
+
+// The scalar reference, element by element in opmath, as ATen's kernel.
+at::Tensor reference(const at::Tensor& t, float inv) {
+  auto flat = t.contiguous().view({-1});
+  auto out = torch::empty_like(flat);
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    switch (t.scalar_type()) {
+      case at::kFloat:
+        out.data_ptr<float>()[i] = flat.data_ptr<float>()[i] * inv;
+        break;
+      case at::kDouble:
+        out.data_ptr<double>()[i] = flat.data_ptr<double>()[i] * static_cast<double>(inv);
+        break;
+      default:
+        out.data_ptr<at::BFloat16>()[i] =
+            at::BFloat16(static_cast<float>(flat.data_ptr<at::BFloat16>()[i]) * inv);
+    }
+  }
+  return out.view(t.sizes());
+}
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  auto ca = a.contiguous();
+  auto cb = b.contiguous();
+  return ca.scalar_type() == cb.scalar_type() && ca.numel() == cb.numel() &&
+         std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
+}
+
+// Random values spanning normals, subnormals, +-0, huge values.
+at::Tensor random_values(int64_t n, at::ScalarType dtype, int64_t seed) {
+  torch::manual_seed(seed);
+  auto mant = torch::rand({n}, torch::kDouble) * 2 - 1;
+  auto expo = torch::randint(-150, 120, {n}, torch::kDouble);
+  auto t = (mant * torch::pow(2.0, expo)).to(dtype);
+  if (n > 8) {
+    t[1] = 0.0;
+    t[2] = -0.0;
+    t[3] = std::numeric_limits<float>::denorm_min();
+    t[4] = -std::numeric_limits<float>::denorm_min() * 7;
+    t[5] = 3.0e38;  // finite in float32 and bfloat16
+  }
+  return t;
+}
+
+class KernelDtype : public ::testing::TestWithParam<at::ScalarType> {};
+
+TEST_P(KernelDtype, BitIdenticalToScalarReferenceAcrossSplits) {
+  const auto dtype = GetParam();
+  // Sizes around the parallel grain, many small tensors, one empty.
+  const std::vector<int64_t> sizes = {1, 7, 100, 0, 32768, 32769, 100000, 3, 250000};
+  for (float inv : {1.0f / 65536, 1.0f / 3, 4.0f, 1.0f}) {
+    std::vector<at::Tensor> tensors, expected;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      tensors.push_back(random_values(sizes[i], dtype, static_cast<int64_t>(i)));
+      expected.push_back(reference(tensors.back(), inv));
+    }
+    std::vector<uint8_t> per_tensor;
+    EXPECT_FALSE(unscale_cpu_(tensors, inv, &per_tensor));
+    EXPECT_EQ(per_tensor, std::vector<uint8_t>(sizes.size(), 0));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      EXPECT_TRUE(bitwise_equal(tensors[i], expected[i])) << "tensor " << i << " inv " << inv;
+    }
+  }
+}
+
+TEST_P(KernelDtype, NonFiniteAtFirstMiddleLastOfFirstMiddleLastTensor) {
+  const auto dtype = GetParam();
+  const std::vector<int64_t> sizes = {50000, 1000, 70001};
+  const double specials[] = {std::numeric_limits<double>::infinity(),
+                             -std::numeric_limits<double>::infinity(),
+                             std::numeric_limits<double>::quiet_NaN()};
+  for (size_t which = 0; which < sizes.size(); ++which) {
+    for (int64_t pos : {int64_t{0}, sizes[which] / 2, sizes[which] - 1}) {
+      for (double special : specials) {
+        std::vector<at::Tensor> tensors;
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          tensors.push_back(random_values(sizes[i], dtype, 10 + static_cast<int64_t>(i)));
+        }
+        tensors[which][pos] = special;
+        std::vector<at::Tensor> expected;
+        for (auto& t : tensors) {
+          expected.push_back(reference(t, 0.25f));
+        }
+        std::vector<uint8_t> per_tensor;
+        EXPECT_TRUE(check_cpu(tensors, &per_tensor));
+        std::vector<uint8_t> want(sizes.size(), 0);
+        want[which] = 1;
+        EXPECT_EQ(per_tensor, want);
+        EXPECT_TRUE(unscale_cpu_(tensors, 0.25f, &per_tensor)) << which << " " << pos;
+        EXPECT_EQ(per_tensor, want);
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          EXPECT_TRUE(bitwise_equal(tensors[i], expected[i]));  // inf/NaN still divided
+        }
+      }
+    }
+  }
+}
+
+TEST_P(KernelDtype, NonContiguousTensorsAreWrittenBack) {
+  const auto dtype = GetParam();
+  auto base = random_values(3 * 40000, dtype, 99).view({3, 40000});
+  auto view = base.t();  // not contiguous
+  auto expected = reference(view, 0.5f);
+  view[7][1] = std::numeric_limits<double>::quiet_NaN();
+  expected[7][1] = std::numeric_limits<double>::quiet_NaN();
+  std::vector<at::Tensor> tensors = {view};
+  EXPECT_TRUE(unscale_cpu_(tensors, 0.5f));
+  EXPECT_TRUE(bitwise_equal(view, expected));
+  EXPECT_TRUE(bitwise_equal(base.t(), expected));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, KernelDtype,
+                         ::testing::Values(at::kFloat, at::kDouble, at::kBFloat16),
+                         [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+TEST(Kernel, NothingIsWrittenWhenInvScaleIsOne) {
+  auto t = torch::tensor({1.0f, std::numeric_limits<float>::infinity()});
+  const void* before = t.data_ptr();
+  std::vector<at::Tensor> tensors = {t};
+  EXPECT_TRUE(unscale_cpu_(tensors, 1.0f));
+  EXPECT_EQ(t.data_ptr(), before);
+  EXPECT_EQ(t[0].item<float>(), 1.0f);
+}
+
+TEST(Kernel, EmptyListAndEmptyTensors) {
+  std::vector<at::Tensor> none;
+  EXPECT_FALSE(unscale_cpu_(none, 0.5f));
+  std::vector<at::Tensor> empty = {torch::empty({0}), torch::empty({0, 3})};
+  std::vector<uint8_t> per_tensor;
+  EXPECT_FALSE(check_cpu(empty, &per_tensor));
+  EXPECT_EQ(per_tensor, std::vector<uint8_t>(2, 0));
+}
+
+}  // namespace
