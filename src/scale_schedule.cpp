@@ -21,27 +21,38 @@ ScaleSchedule::ScaleSchedule(double init_scale, double growth_factor, double bac
   check_interval(backoff_interval, "backoff_interval");
 }
 
+ScaleSchedule::State ScaleSchedule::advance(State state, bool found_inf, double growth_factor,
+                                            double backoff_factor, int64_t growth_interval,
+                                            int64_t backoff_interval) {
+  if (found_inf) {
+    state.growth_tracker = 0;
+    if (++state.backoff_tracker >= backoff_interval) {
+      // double arithmetic, one rounding to float32: as _amp_update_scale_.
+      state.scale = static_cast<float>(static_cast<double>(state.scale) * backoff_factor);
+      state.backoff_tracker = 0;
+    }
+  } else {
+    state.backoff_tracker = 0;
+    if (++state.growth_tracker >= growth_interval) {
+      const auto grown = static_cast<float>(static_cast<double>(state.scale) * growth_factor);
+      if (std::isfinite(grown)) {  // never grow past float32's range to inf
+        state.scale = grown;
+      }
+      state.growth_tracker = 0;
+    }
+  }
+  return state;
+}
+
 void ScaleSchedule::update(bool found_inf) {
   if (!dynamic_) {
     return;
   }
-  if (found_inf) {
-    growth_tracker_ = 0;
-    if (++backoff_tracker_ >= backoff_interval_) {
-      // double arithmetic, one rounding to float32: as _amp_update_scale_.
-      scale_ = static_cast<float>(static_cast<double>(scale_) * backoff_factor_);
-      backoff_tracker_ = 0;
-    }
-  } else {
-    backoff_tracker_ = 0;
-    if (++growth_tracker_ >= growth_interval_) {
-      const auto grown = static_cast<float>(static_cast<double>(scale_) * growth_factor_);
-      if (std::isfinite(grown)) {  // never grow past float32's range to inf
-        scale_ = grown;
-      }
-      growth_tracker_ = 0;
-    }
-  }
+  const State next = advance({scale_, growth_tracker_, backoff_tracker_}, found_inf, growth_factor_,
+                             backoff_factor_, growth_interval_, backoff_interval_);
+  scale_ = next.scale;
+  growth_tracker_ = next.growth_tracker;
+  backoff_tracker_ = next.backoff_tracker;
 }
 
 void ScaleSchedule::set_scale(double scale) {

@@ -42,6 +42,17 @@ class ScaleSchedule {
   /// false` this does nothing at all.
   void update(bool found_inf);
 
+  /// One update as a pure function of the state, without validation: what
+  /// `update` applies, and what ATen's `_amp_update_scale_` computes
+  /// (`backoff_interval = 1`). Returns the new scale and trackers.
+  struct State {
+    float scale;
+    int64_t growth_tracker;
+    int64_t backoff_tracker;
+  };
+  static State advance(State state, bool found_inf, double growth_factor, double backoff_factor,
+                       int64_t growth_interval, int64_t backoff_interval);
+
   float scale() const noexcept { return scale_; }
   double growth_factor() const noexcept { return growth_factor_; }
   double backoff_factor() const noexcept { return backoff_factor_; }

@@ -12,16 +12,30 @@
 #include <cstdint>
 #include <vector>
 
+// Hot loops are compiled for AVX2 and for the baseline, and the AVX2 clone is
+// picked at load time where the CPU has it (GCC function multi-versioning).
+// Feature names only: an "arch=" clone is picked only on that exact CPU model.
+// AVX-512 adds nothing to a memory-bound loop, and without AVX512BW (not
+// accepted here) its 16-bit lanes are slower. The benchmark's ceiling loops use
+// the same macro.
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && defined(__linux__)
+#define TORCHAMP_TARGET_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define TORCHAMP_TARGET_CLONES
+#endif
+
 namespace torchamp {
 namespace kernels {
 
-/// True for the dtypes the CPU kernels handle: float32, float64, bfloat16.
+/// True for the dtypes the CPU kernels handle: float32, float64, bfloat16 and
+/// float16 (the last for ATen's op; the GradScaler refuses float16 gradients).
 bool cpu_supports(at::ScalarType dtype);
 
 /// For every tensor: `x = x * inv_scale` in place, computed as ATen's
 /// `_amp_foreach_non_finite_check_and_unscale_` does (float32 arithmetic for
 /// float32 and bfloat16, the latter rounded back to bfloat16 once; float64
-/// arithmetic with `double(inv_scale)` for float64), and whether any *input*
+/// arithmetic with `double(inv_scale)` for float64; float16 as bfloat16), and
+/// whether any *input*
 /// element was inf or NaN.
 ///
 /// Tensors must be dense CPU tensors of a `cpu_supports` dtype (any mix);

@@ -1,22 +1,21 @@
 // CPU kernels: one read (and at most one write) per element, vectorised by the
 // compiler (this file is built with -O3; the span loops are cloned for AVX2
 // and AVX-512 and picked at load time), parallel across and within tensors.
+//
+// The non-finite test is a running maximum of |bits|: an element is inf/NaN
+// iff its magnitude bits are >= the all-ones exponent, and an unsigned max
+// vectorises to one instruction per vector (vpmaxud / vpmaxuw).
 
 #include "kernels.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
-
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && defined(__linux__)
-#define TORCHAMP_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define TORCHAMP_TARGET_CLONES
-#endif
 
 namespace torchamp {
 namespace kernels {
@@ -57,13 +56,13 @@ inline uint16_t to_bf16(float v) {
 
 TORCHAMP_TARGET_CLONES
 bool unscale_span(float* p, int64_t n, float inv) {
-  uint32_t bad = 0;
+  uint32_t mag = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float v = p[i];
-    bad |= static_cast<uint32_t>((bits_of(v) & kF32ExpMask) == kF32ExpMask);
+    mag = std::max(mag, bits_of(v) & 0x7fffffffu);
     p[i] = v * inv;
   }
-  return bad != 0;
+  return mag >= kF32ExpMask;
 }
 
 TORCHAMP_TARGET_CLONES
@@ -80,22 +79,42 @@ bool unscale_span(double* p, int64_t n, float inv) {
 
 TORCHAMP_TARGET_CLONES
 bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
-  uint32_t bad = 0;
+  uint32_t mag = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t b = static_cast<uint32_t>(p[i]) << 16;
-    bad |= static_cast<uint32_t>((b & kF32ExpMask) == kF32ExpMask);
+    mag = std::max(mag, b & 0x7fffffffu);
     p[i] = to_bf16(float_of(b) * inv);
+  }
+  return mag >= kF32ExpMask;
+}
+
+// float16 (for ATen's op only; the GradScaler refuses float16 gradients):
+// converted with c10::Half's own routines, so the result is c10::Half's.
+bool unscale_half_span(uint16_t* p, int64_t n, float inv) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    bad |= static_cast<uint32_t>((p[i] & 0x7c00u) == 0x7c00u);
+    p[i] = c10::detail::fp16_ieee_from_fp32_value(c10::detail::fp16_ieee_to_fp32_value(p[i]) * inv);
   }
   return bad != 0;
 }
 
 TORCHAMP_TARGET_CLONES
-bool check_span(const float* p, int64_t n) {
-  uint32_t bad = 0;
+bool check_half_span(const uint16_t* p, int64_t n) {
+  uint16_t mag = 0;
   for (int64_t i = 0; i < n; ++i) {
-    bad |= static_cast<uint32_t>((bits_of(p[i]) & kF32ExpMask) == kF32ExpMask);
+    mag = std::max(mag, static_cast<uint16_t>(p[i] & 0x7fffu));
   }
-  return bad != 0;
+  return mag >= 0x7c00u;
+}
+
+TORCHAMP_TARGET_CLONES
+bool check_span(const float* p, int64_t n) {
+  uint32_t mag = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    mag = std::max(mag, bits_of(p[i]) & 0x7fffffffu);
+  }
+  return mag >= kF32ExpMask;
 }
 
 TORCHAMP_TARGET_CLONES
@@ -108,12 +127,12 @@ bool check_span(const double* p, int64_t n) {
 }
 
 TORCHAMP_TARGET_CLONES
-bool check_span(const uint16_t* p, int64_t n) {
-  uint32_t bad = 0;
+bool check_span(const uint16_t* p, int64_t n) {  // bfloat16 bits
+  uint16_t mag = 0;
   for (int64_t i = 0; i < n; ++i) {
-    bad |= static_cast<uint32_t>((p[i] & 0x7f80u) == 0x7f80u);
+    mag = std::max(mag, static_cast<uint16_t>(p[i] & 0x7fffu));
   }
-  return bad != 0;
+  return mag >= 0x7f80u;
 }
 
 struct Segment {
@@ -137,6 +156,10 @@ inline bool run_segment(const Segment& s, int64_t begin, int64_t end, bool write
     case at::kBFloat16: {
       auto* p = static_cast<uint16_t*>(s.data) + begin;
       return write ? unscale_span(p, n, inv) : check_span(p, n);
+    }
+    case at::kHalf: {
+      auto* p = static_cast<uint16_t*>(s.data) + begin;
+      return write ? unscale_half_span(p, n, inv) : check_half_span(p, n);
     }
     default:
       TORCH_INTERNAL_ASSERT(false, "unreachable dtype ", s.dtype);
@@ -224,7 +247,8 @@ bool run(c10::ArrayRef<at::Tensor> tensors, bool write, float inv,
 }  // namespace
 
 bool cpu_supports(at::ScalarType dtype) {
-  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16;
+  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
+         dtype == at::kHalf;
 }
 
 bool unscale_cpu_(c10::ArrayRef<at::Tensor> tensors, float inv_scale,
