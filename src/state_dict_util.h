@@ -1,57 +1,47 @@
 #pragma once
 
-// Typed reads from a StateDict (not installed): each throws c10::ValueError
-// naming the key when it is missing (and required) or has the wrong type.
+// Reading scaler state dicts of either schema (not installed).
+//
+// PyTorch's schema (the core GradScaler's): scale, growth_factor,
+// backoff_factor, growth_interval, _growth_tracker [+ backoff_interval,
+// _backoff_tracker, dynamic]. Paddle's: scale (1-element tensor), incr_ratio,
+// decr_ratio, incr_every_n_steps, decr_every_n_nan_or_inf, incr_count,
+// decr_count, use_dynamic_loss_scaling. The keys say which one a dict is; both
+// facades read both through parse_state_dict.
 
 #include <torchamp/grad_scaler.h>
-
-#include <c10/util/Exception.h>
+#include <torchamp/scale_schedule.h>
 
 #include <optional>
 
 namespace torchamp {
 namespace detail {
 
-inline std::optional<c10::IValue> read_value(const StateDict& state, const char* key,
-                                             bool required) {
-  auto it = state.find(c10::IValue(key));
-  if (it == state.end()) {
-    TORCH_CHECK_VALUE(!required, "state_dict is missing the key '", key, "'");
-    return std::nullopt;
-  }
-  return it->value();
-}
+enum class Schema { kPyTorch, kPaddle };
 
-/// A float; an int is accepted and converted.
-inline std::optional<double> read_double(const StateDict& state, const char* key, bool required) {
-  auto v = read_value(state, key, required);
-  if (!v) {
-    return std::nullopt;
-  }
-  TORCH_CHECK_VALUE(v->isDouble() || v->isInt(), "state_dict['", key, "'] must be a float, got ",
-                    v->tagKind(), " ", *v);
-  return v->isDouble() ? v->toDouble() : static_cast<double>(v->toInt());
-}
+/// The schedule's fields read from a dict; absent optional keys stay nullopt.
+struct ParsedState {
+  Schema schema;
+  double scale;
+  double growth_factor;
+  double backoff_factor;
+  int64_t growth_interval;
+  int64_t growth_tracker;
+  std::optional<int64_t> backoff_interval;
+  std::optional<int64_t> backoff_tracker;
+  std::optional<bool> dynamic;
+};
 
-inline std::optional<int64_t> read_int(const StateDict& state, const char* key, bool required) {
-  auto v = read_value(state, key, required);
-  if (!v) {
-    return std::nullopt;
-  }
-  TORCH_CHECK_VALUE(v->isInt(), "state_dict['", key, "'] must be an int, got ", v->tagKind(), " ",
-                    *v);
-  return v->toInt();
-}
+/// Detects the schema, checks every key's presence, type and value, and throws
+/// c10::ValueError naming the key ("state_dict['incr_ratio'] must be ...") on
+/// the first problem; a dict mixing both schemas' keys is refused. Unknown
+/// keys are ignored. Does not handle the empty dict (each facade has its own
+/// message for it).
+ParsedState parse_state_dict(const StateDict& state);
 
-inline std::optional<bool> read_bool(const StateDict& state, const char* key, bool required) {
-  auto v = read_value(state, key, required);
-  if (!v) {
-    return std::nullopt;
-  }
-  TORCH_CHECK_VALUE(v->isBool(), "state_dict['", key, "'] must be a bool, got ", v->tagKind(), " ",
-                    *v);
-  return v->toBool();
-}
+/// `schedule` with the parsed fields applied; absent optional fields keep
+/// `schedule`'s values. Cannot throw: parse_state_dict validated everything.
+ScaleSchedule apply_state(ScaleSchedule schedule, const ParsedState& parsed);
 
 }  // namespace detail
 }  // namespace torchamp

@@ -21,9 +21,16 @@ namespace torch {
 namespace optim {
 class Optimizer;
 }  // namespace optim
+namespace serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace serialize
 }  // namespace torch
 
 namespace torchamp {
+namespace paddle {
+class GradScaler;
+}  // namespace paddle
 
 /// A scaler's serialisable state: a string-keyed dictionary of IValues, the
 /// type `torch::pickle_load(bytes).toGenericDict()` returns. An empty one is
@@ -173,6 +180,8 @@ class GradScaler {
   void load_state_dict(const StateDict& state);
 
  private:
+  friend class paddle::GradScaler;  // sets the current scale (set_init_loss_scaling)
+
   enum class Stage { kReady, kUnscaled, kStepped };
 
   struct OptimizerState {
@@ -192,5 +201,17 @@ class GradScaler {
   ScaleSchedule schedule_;
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
 };
+
+/// `torch::save(scaler, path)`: writes `state_dict()`'s entries into the
+/// archive, as LibTorch's optimizers do (include <torch/serialize.h> for
+/// torch::save/torch::load).
+torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
+                                            const GradScaler& scaler);
+
+/// `torch::load(scaler, path)`: reads the entries back and calls
+/// `load_state_dict` (either schema, so a Paddle facade's file loads too), with
+/// its errors.
+torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
+                                           GradScaler& scaler);
 
 }  // namespace torchamp

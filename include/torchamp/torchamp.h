@@ -6,5 +6,6 @@
 
 #include <torchamp/autocast.h>
 #include <torchamp/grad_scaler.h>
+#include <torchamp/paddle.h>
 #include <torchamp/scale_schedule.h>
 #include <torchamp/version.h>

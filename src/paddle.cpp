@@ -1,0 +1,105 @@
+#include <torchamp/paddle.h>
+
+#include <ATen/ops/full.h>
+#include <c10/util/Exception.h>
+
+namespace torchamp {
+namespace paddle {
+namespace {
+
+// Paddle's arguments validated under Paddle's names, then mapped.
+GradScalerOptions paddle_options(bool enable, double init_loss_scaling, double incr_ratio,
+                                 double decr_ratio, int64_t incr_every_n_steps,
+                                 int64_t decr_every_n_nan_or_inf, bool use_dynamic_loss_scaling) {
+  ScaleSchedule::check_scale(init_loss_scaling, "init_loss_scaling");
+  ScaleSchedule::check_growth_factor(incr_ratio, "incr_ratio");
+  ScaleSchedule::check_backoff_factor(decr_ratio, "decr_ratio");
+  ScaleSchedule::check_interval(incr_every_n_steps, "incr_every_n_steps");
+  ScaleSchedule::check_interval(decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf");
+  return GradScalerOptions()
+      .enabled(enable)
+      .init_scale(init_loss_scaling)
+      .growth_factor(incr_ratio)
+      .backoff_factor(decr_ratio)
+      .growth_interval(incr_every_n_steps)
+      .backoff_interval(decr_every_n_nan_or_inf)
+      .dynamic(use_dynamic_loss_scaling);
+}
+
+}  // namespace
+
+GradScaler::GradScaler(bool enable, double init_loss_scaling, double incr_ratio, double decr_ratio,
+                       int64_t incr_every_n_steps, int64_t decr_every_n_nan_or_inf,
+                       bool use_dynamic_loss_scaling)
+    : core_(paddle_options(enable, init_loss_scaling, incr_ratio, decr_ratio, incr_every_n_steps,
+                           decr_every_n_nan_or_inf, use_dynamic_loss_scaling)),
+      init_loss_scaling_(init_loss_scaling) {}
+
+std::optional<at::Tensor> GradScaler::minimize(torch::optim::Optimizer& optimizer) {
+  auto result = core_.step(optimizer);
+  core_.update();
+  return result;
+}
+
+std::optional<at::Tensor> GradScaler::minimize(torch::optim::Optimizer& optimizer,
+                                               const at::Tensor& /*scaled_loss*/) {
+  return minimize(optimizer);
+}
+
+void GradScaler::set_init_loss_scaling(double new_init_loss_scaling) {
+  ScaleSchedule::check_scale(new_init_loss_scaling, "init_loss_scaling");
+  core_.schedule_.set_scale(new_init_loss_scaling);
+  core_.options_.init_scale(new_init_loss_scaling);
+  init_loss_scaling_ = new_init_loss_scaling;
+}
+
+void GradScaler::set_incr_ratio(double new_incr_ratio) {
+  ScaleSchedule::check_growth_factor(new_incr_ratio, "incr_ratio");
+  core_.set_growth_factor(new_incr_ratio);
+}
+
+void GradScaler::set_decr_ratio(double new_decr_ratio) {
+  ScaleSchedule::check_backoff_factor(new_decr_ratio, "decr_ratio");
+  core_.set_backoff_factor(new_decr_ratio);
+}
+
+void GradScaler::set_incr_every_n_steps(int64_t new_incr_every_n_steps) {
+  ScaleSchedule::check_interval(new_incr_every_n_steps, "incr_every_n_steps");
+  core_.set_growth_interval(new_incr_every_n_steps);
+}
+
+void GradScaler::set_decr_every_n_nan_or_inf(int64_t new_decr_every_n_nan_or_inf) {
+  ScaleSchedule::check_interval(new_decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf");
+  core_.set_backoff_interval(new_decr_every_n_nan_or_inf);
+}
+
+StateDict GradScaler::state_dict() const {
+  StateDict state(c10::StringType::get(), c10::AnyType::get());
+  if (!is_enable()) {
+    return state;
+  }
+  const ScaleSchedule& s = core_.schedule_;
+  state.insert("scale", at::full({1}, s.scale(), at::TensorOptions().dtype(at::kFloat)));
+  state.insert("incr_ratio", s.growth_factor());
+  state.insert("decr_ratio", s.backoff_factor());
+  state.insert("incr_every_n_steps", s.growth_interval());
+  state.insert("decr_every_n_nan_or_inf", s.backoff_interval());
+  state.insert("incr_count", s.growth_tracker());
+  state.insert("decr_count", s.backoff_tracker());
+  state.insert("use_dynamic_loss_scaling", s.dynamic());
+  return state;
+}
+
+void GradScaler::load_state_dict(const StateDict& state) {
+  if (!is_enable()) {
+    return;
+  }
+  TORCH_CHECK(!state.empty(),
+              "The input state dict is empty, possibly because it was saved from a disabled "
+              "instance of GradScaler.");
+  core_.load_state_dict(state);  // either schema; all-or-nothing
+  init_loss_scaling_ = core_.get_scale();
+}
+
+}  // namespace paddle
+}  // namespace torchamp
