@@ -13,6 +13,8 @@ TORCHAMP_PACKAGES=(
   libgtest-dev          # GoogleTest
   libbenchmark-dev      # Google Benchmark (bench/)
   python3-torch         # PyTorch, for interoperability tests
+  libcli11-dev zlib1g-dev # torchamp-train: options, gzip data
+  gnuplot-nox           # torchamp-train: plots
   ccache clang-format
 )
 

@@ -1,0 +1,173 @@
+#include "train.h"
+
+#include <torchamp/autocast.h>
+#include <torchamp/grad_scaler.h>
+
+#include <torch/torch.h>
+
+#include <chrono>
+
+namespace torchamp_train {
+namespace {
+
+constexpr int64_t kHidden = 128;
+constexpr int kHiddenLayers = 3;
+
+// How many of a gradient's non-zero entries float16 flushes to zero, and how
+// many it makes subnormal (below 2^-14, float16's smallest normal).
+struct Underflow {
+  int64_t nonzero = 0, flushed = 0, subnormal = 0;
+  void add(const at::Tensor& grad) {
+    const at::Tensor g = grad.detach().to(at::kFloat);
+    const at::Tensor h = g.to(at::kHalf).to(at::kFloat);
+    const at::Tensor nz = g.ne(0);
+    nonzero += nz.sum().item<int64_t>();
+    flushed += nz.logical_and(h.eq(0)).sum().item<int64_t>();
+    subnormal += h.ne(0).logical_and(h.abs().lt(6.103515625e-05)).sum().item<int64_t>();
+  }
+  double fraction(int64_t n) const {
+    return nonzero == 0 ? 0.0 : static_cast<double>(n) / static_cast<double>(nonzero);
+  }
+};
+
+// An MLP 64 -> 128 -> 128 -> 128 -> 10 with tanh. In the fp16 modes every
+// activation is stored in float16 between layers, so the activation
+// gradients flowing back through it are float16, as in fp16 training.
+struct Net : torch::nn::Module {
+  Net() {
+    int64_t in = 64;
+    for (int i = 0; i < kHiddenLayers; ++i) {
+      layers.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(in, kHidden)));
+      in = kHidden;
+    }
+    out = register_module("out", torch::nn::Linear(in, 10));
+  }
+
+  // `half_storage`: round-trip activations through float16. `stats`: when
+  // given, every activation's gradient is measured on its way back.
+  at::Tensor forward(at::Tensor x, bool half_storage, Underflow* stats) {
+    auto store = [&](at::Tensor a) {
+      if (half_storage) {
+        a = a.to(at::kHalf).to(at::kFloat);
+      }
+      if (stats != nullptr && a.requires_grad()) {
+        a.register_hook([stats](const at::Tensor& g) { stats->add(g); });
+      }
+      return a;
+    };
+    for (auto& layer : layers) {
+      x = store(torch::tanh(layer->forward(x)));
+    }
+    return store(out->forward(x));
+  }
+
+  std::vector<torch::nn::Linear> layers;
+  torch::nn::Linear out{nullptr};
+};
+
+bool cuda_present() {
+  return torch::cuda::is_available();
+}
+
+}  // namespace
+
+std::vector<std::string> known_modes() {
+  return {"fp32", "fp16", "fp16+scaler", "bf16+scaler", "cuda-fp16+scaler"};
+}
+
+std::vector<std::string> available_modes() {
+  std::vector<std::string> modes = {"fp32", "fp16", "fp16+scaler", "bf16+scaler"};
+  if (cuda_present()) {
+    modes.push_back("cuda-fp16+scaler");
+  }
+  return modes;
+}
+
+ModeResult train_mode(const std::string& mode, const Dataset& train, const Dataset& test,
+                      const Config& config, const Progress& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool half_storage = mode == "fp16" || mode == "fp16+scaler";
+  const bool cuda = mode == "cuda-fp16+scaler";
+  const bool autocast_bf16 = mode == "bf16+scaler";
+  const torch::Device device = cuda ? torch::kCUDA : torch::kCPU;
+
+  ModeResult result;
+  result.mode = mode;
+  result.scaled = mode.find("+scaler") != std::string::npos;
+
+  torch::manual_seed(config.seed);  // the same initial weights in every mode
+  auto net = std::make_shared<Net>();
+  net->to(device);
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(config.lr).momentum(0.9));
+  torchamp::GradScaler scaler(torchamp::GradScalerOptions()
+                                  .init_scale(config.init_scale)
+                                  .growth_interval(config.growth_interval)
+                                  .enabled(result.scaled));
+
+  const at::Tensor x_train = train.x.to(device), y_train = train.y.to(device);
+  const int64_t n = x_train.size(0);
+  const int64_t per_epoch = (n + config.batch_size - 1) / config.batch_size;
+  const int64_t total = per_epoch * config.epochs;
+  Underflow overall;
+  int64_t step = 0;
+  for (int epoch = 0; epoch < config.epochs; ++epoch) {
+    // The same batch order in every mode.
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(config.seed * 1000003 + epoch);
+    const at::Tensor order = torch::randperm(n, gen, torch::kLong).to(device);
+    for (int64_t b = 0; b < per_epoch; ++b) {
+      const at::Tensor idx =
+          order.slice(0, b * config.batch_size, std::min(n, (b + 1) * config.batch_size));
+      const at::Tensor x = x_train.index_select(0, idx), y = y_train.index_select(0, idx);
+      optimizer.zero_grad();
+      Underflow stats;
+      at::Tensor logits;
+      {
+        // bf16+scaler: CPU autocast (bfloat16); cuda: CUDA autocast (float16).
+        std::optional<torchamp::autocast> guard;
+        if (autocast_bf16) {
+          guard.emplace(torch::kCPU);
+        } else if (cuda) {
+          guard.emplace(torch::kCUDA);
+        }
+        logits = net->forward(x, half_storage, &stats);
+      }
+      const at::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y);
+      scaler.scale(loss).backward();
+      if (!scaler.step(optimizer).has_value()) {
+        ++result.skipped;
+      }
+      if (result.scaled) {
+        scaler.update();
+      }
+      overall.nonzero += stats.nonzero;
+      overall.flushed += stats.flushed;
+      overall.subnormal += stats.subnormal;
+      StepRecord rec{step,
+                     epoch,
+                     loss.item<double>(),
+                     scaler.get_scale(),
+                     result.skipped,
+                     stats.fraction(stats.flushed),
+                     stats.fraction(stats.subnormal)};
+      result.steps.push_back(rec);
+      ++step;
+      if (progress) {
+        progress(mode, rec, total);
+      }
+    }
+  }
+
+  torch::NoGradGuard no_grad;
+  result.final_loss =
+      torch::nn::functional::cross_entropy(net->forward(x_train, false, nullptr), y_train)
+          .item<double>();
+  const at::Tensor pred = net->forward(test.x.to(device), false, nullptr).argmax(1);
+  result.test_accuracy = pred.eq(test.y.to(device)).to(torch::kDouble).mean().item<double>();
+  result.final_scale = scaler.get_scale();
+  result.underflow = overall.fraction(overall.flushed);
+  result.subnormal = overall.fraction(overall.subnormal);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace torchamp_train
