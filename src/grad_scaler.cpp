@@ -93,19 +93,19 @@ std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs
   return scaled;
 }
 
-bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state) {
-  const std::vector<GradRef> grads = checked_grads(optimizer);  // throws before any change
-  if (grads.empty()) {
-    return false;
-  }
-  at::NoGradGuard no_grad;
-  // PyTorch: inv_scale = scale.double().reciprocal().float()
-  const auto inv_scale = static_cast<float>(1.0 / static_cast<double>(schedule_.scale()));
+namespace {
 
+// Gradients grouped the way the kernels take them.
+struct Buckets {
   std::vector<at::Tensor> cpu;
-  // CUDA buckets keyed by (device index, dtype); any other device by device.
+  // CUDA buckets keyed by (device index, dtype); any other device as is.
   std::map<std::pair<c10::DeviceIndex, at::ScalarType>, std::vector<at::Tensor>> cuda;
   std::vector<at::Tensor> other;
+};
+
+// Sparse gradients are coalesced (in the parameter) and their values taken.
+Buckets bucket_grads(const std::vector<GradRef>& grads) {
+  Buckets b;
   for (const GradRef& ref : grads) {
     at::Tensor grad = ref.param.grad();
     if (grad.is_sparse()) {
@@ -113,18 +113,21 @@ bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerSta
       grad = ref.param.grad()._values();
     }
     if (grad.device().is_cpu()) {
-      cpu.push_back(grad);
+      b.cpu.push_back(grad);
     } else if (grad.device().is_cuda()) {
-      cuda[{grad.device().index(), grad.scalar_type()}].push_back(grad);
+      b.cuda[{grad.device().index(), grad.scalar_type()}].push_back(grad);
     } else {
-      other.push_back(grad);
+      b.other.push_back(grad);
     }
   }
+  return b;
+}
 
-  const bool found = kernels::unscale_cpu_(cpu, inv_scale);
-
-  // One found_inf flag per device, read on the host once, at step/update.
-  std::vector<at::Tensor> device_found;
+// Multiplies every gradient by inv_scale (1: a check only, nothing written on
+// the CPU) and returns whether a CPU gradient held an inf/NaN; flags for the
+// other devices are appended to device_found (read on the host later).
+bool unscale_buckets(Buckets& b, float inv_scale, std::vector<at::Tensor>& device_found) {
+  const bool found = kernels::unscale_cpu_(b.cpu, inv_scale);
   auto flag_for = [&device_found](c10::Device device) -> at::Tensor& {
     for (at::Tensor& flag : device_found) {
       if (flag.device() == device) {
@@ -135,25 +138,61 @@ bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerSta
     return device_found.back();
   };
   // CUDA: ATen's fused kernel per (device, dtype) bucket.
-  for (auto& [key, bucket] : cuda) {
+  for (auto& [key, bucket] : b.cuda) {
     const c10::Device device(c10::DeviceType::CUDA, key.first);
     const at::Tensor inv =
         at::full({1}, inv_scale, at::TensorOptions().dtype(at::kFloat).device(device));
     at::_amp_foreach_non_finite_check_and_unscale_(bucket, flag_for(device), inv);
   }
   // Any other device: plain ATen ops, same arithmetic (bfloat16 in float32).
-  for (at::Tensor& grad : other) {
+  for (at::Tensor& grad : b.other) {
     flag_for(grad.device()).logical_or_(at::isfinite(grad).logical_not().any());
+    if (inv_scale == 1.0f) {
+      continue;
+    }
     if (grad.scalar_type() == at::kBFloat16) {
       grad.copy_(grad.to(at::kFloat).mul_(static_cast<double>(inv_scale)));
     } else {
       grad.mul_(static_cast<double>(inv_scale));
     }
   }
+  return found;
+}
+
+}  // namespace
+
+bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state) {
+  const std::vector<GradRef> grads = checked_grads(optimizer);  // throws before any change
+  at::NoGradGuard no_grad;
+  Buckets buckets = bucket_grads(grads);
+
+  // With a reducer, ranks agree first (a read-only pass, then one collective),
+  // so a failed collective leaves every gradient and stage as it was.
+  std::optional<bool> agreed;
+  if (found_inf_reducer_) {
+    std::vector<at::Tensor> flags;
+    bool local = unscale_buckets(buckets, 1.0f, flags);
+    for (const at::Tensor& flag : flags) {
+      local = local || flag.item<float>() != 0.0f;
+    }
+    agreed = found_inf_reducer_(
+        local, grads.empty() ? c10::Device(c10::kCPU) : grads.front().param.grad().device());
+  }
+  if (grads.empty()) {
+    return false;
+  }
+  // PyTorch: inv_scale = scale.double().reciprocal().float()
+  const auto inv_scale = static_cast<float>(1.0 / static_cast<double>(schedule_.scale()));
+  std::vector<at::Tensor> device_found;
+  const bool found = unscale_buckets(buckets, inv_scale, device_found);
 
   state.checked = true;
-  state.found_inf = state.found_inf || found;
-  state.device_found.insert(state.device_found.end(), device_found.begin(), device_found.end());
+  if (agreed) {
+    state.found_inf = *agreed;
+  } else {
+    state.found_inf = found;
+    state.device_found = std::move(device_found);
+  }
   return true;
 }
 

@@ -164,6 +164,18 @@ class GradScaler {
   void set_growth_interval(int64_t growth_interval);
   void set_backoff_interval(int64_t backoff_interval);
 
+  /// How ranks agree on an overflow (see torchamp/distributed.h, which sets
+  /// one from a c10d process group). Called by `unscale_` (and `step`) with
+  /// this rank's flag for the optimizer and the device of its gradients,
+  /// after a read-only check pass and before anything is divided or any stage
+  /// changes; its result is what the scaler records. An exception from it
+  /// propagates with nothing changed (the stage and the gradients are as
+  /// before). It is also called for an optimizer without gradients (with
+  /// false), so that peers are not left waiting. Empty: this rank's flag.
+  using FoundInfReducer = std::function<bool(bool found_inf, c10::Device device)>;
+  void set_found_inf_reducer(FoundInfReducer reducer) { found_inf_reducer_ = std::move(reducer); }
+  bool has_found_inf_reducer() const { return static_cast<bool>(found_inf_reducer_); }
+
   /// PyTorch's keys, so checkpoints cross between Python and C++: `scale`,
   /// `growth_factor`, `backoff_factor` (double), `growth_interval`,
   /// `_growth_tracker` (int), and ours: `backoff_interval`, `_backoff_tracker`
@@ -199,6 +211,7 @@ class GradScaler {
 
   GradScalerOptions options_;
   ScaleSchedule schedule_;
+  FoundInfReducer found_inf_reducer_;
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
 };
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 namespace torchamp {
 namespace paddle {
@@ -92,6 +93,11 @@ class GradScaler {
   /// `c10::Error` "The input state dict is empty, ..." for `{}`. Sets the
   /// initial scale to the loaded scale, as Paddle. Disabled: does nothing.
   void load_state_dict(const StateDict& state);
+
+  /// As torchamp::GradScaler::set_found_inf_reducer (see torchamp/distributed.h).
+  void set_found_inf_reducer(torchamp::GradScaler::FoundInfReducer reducer) {
+    core_.set_found_inf_reducer(std::move(reducer));
+  }
 
   /// The core scaler underneath.
   const torchamp::GradScaler& core() const { return core_; }

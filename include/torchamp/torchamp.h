@@ -5,6 +5,9 @@
 /// LibTorch C++ frontend.
 
 #include <torchamp/autocast.h>
+#if defined(TORCHAMP_WITH_DISTRIBUTED)
+#include <torchamp/distributed.h>
+#endif
 #include <torchamp/grad_scaler.h>
 #include <torchamp/paddle.h>
 #include <torchamp/scale_schedule.h>
