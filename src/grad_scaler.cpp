@@ -25,6 +25,8 @@ std::string param_name(size_t group, size_t index) {
 // the first one the scaler cannot unscale.
 struct GradRef {
   at::Tensor param;
+  size_t group;
+  size_t index;
 };
 
 std::vector<GradRef> checked_grads(torch::optim::Optimizer& optimizer) {
@@ -53,7 +55,7 @@ std::vector<GradRef> checked_grads(torch::optim::Optimizer& optimizer) {
       TORCH_CHECK_NOT_IMPLEMENTED(grad.layout() == at::kStrided || grad.layout() == at::kSparse,
                                   "GradScaler can unscale strided and sparse COO gradients only: ",
                                   param_name(g, i), " has a ", grad.layout(), " gradient.");
-      grads.push_back({params[i]});
+      grads.push_back({params[i], g, i});
     }
   }
   return grads;
@@ -69,7 +71,10 @@ at::Tensor zero_flag(c10::Device device) {
 GradScaler::GradScaler(GradScalerOptions options)
     : options_(options),
       schedule_(options.init_scale(), options.growth_factor(), options.backoff_factor(),
-                options.growth_interval(), options.backoff_interval(), options.dynamic()) {}
+                options.growth_interval(), options.backoff_interval(), options.dynamic(),
+                options.min_scale()) {
+  ScaleSchedule::check_tracker(options.max_consecutive_skips(), "max_consecutive_skips");
+}
 
 at::Tensor GradScaler::scale(const at::Tensor& output) {
   TORCH_CHECK_VALUE(output.defined(), "GradScaler::scale: the output tensor is undefined");
@@ -95,18 +100,22 @@ std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs
 
 namespace {
 
-// Gradients grouped the way the kernels take them.
+// Gradients grouped the way the kernels take them; *_ref map each tensor
+// back to its position in the GradRef list.
 struct Buckets {
   std::vector<at::Tensor> cpu;
+  std::vector<size_t> cpu_ref;
   // CUDA buckets keyed by (device index, dtype); any other device as is.
   std::map<std::pair<c10::DeviceIndex, at::ScalarType>, std::vector<at::Tensor>> cuda;
   std::vector<at::Tensor> other;
+  std::vector<std::pair<at::Tensor, size_t>> device_ref;  // every non-CPU tensor
 };
 
 // Sparse gradients are coalesced (in the parameter) and their values taken.
 Buckets bucket_grads(const std::vector<GradRef>& grads) {
   Buckets b;
-  for (const GradRef& ref : grads) {
+  for (size_t r = 0; r < grads.size(); ++r) {
+    const GradRef& ref = grads[r];
     at::Tensor grad = ref.param.grad();
     if (grad.is_sparse()) {
       ref.param.mutable_grad() = grad.coalesce();
@@ -114,20 +123,36 @@ Buckets bucket_grads(const std::vector<GradRef>& grads) {
     }
     if (grad.device().is_cpu()) {
       b.cpu.push_back(grad);
-    } else if (grad.device().is_cuda()) {
+      b.cpu_ref.push_back(r);
+      continue;
+    }
+    if (grad.device().is_cuda()) {
       b.cuda[{grad.device().index(), grad.scalar_type()}].push_back(grad);
     } else {
       b.other.push_back(grad);
     }
+    b.device_ref.emplace_back(grad, r);
   }
   return b;
 }
 
 // Multiplies every gradient by inv_scale (1: a check only, nothing written on
-// the CPU) and returns whether a CPU gradient held an inf/NaN; flags for the
-// other devices are appended to device_found (read on the host later).
-bool unscale_buckets(Buckets& b, float inv_scale, std::vector<at::Tensor>& device_found) {
-  const bool found = kernels::unscale_cpu_(b.cpu, inv_scale);
+// the CPU) and returns, per GradRef, whether it held an inf/NaN. CPU flags
+// come from the fused pass; other devices are read back once per device (one
+// host sync), and only a device that reports an overflow is checked tensor by
+// tensor.
+std::vector<uint8_t> unscale_buckets(Buckets& b, size_t n, float inv_scale) {
+  std::vector<uint8_t> found(n, 0);
+  std::vector<uint8_t> cpu_found;
+  if (kernels::unscale_cpu_(b.cpu, inv_scale, &cpu_found)) {
+    for (size_t i = 0; i < cpu_found.size(); ++i) {
+      found[b.cpu_ref[i]] = cpu_found[i];
+    }
+  }
+  if (b.device_ref.empty()) {
+    return found;
+  }
+  std::vector<at::Tensor> device_found;
   auto flag_for = [&device_found](c10::Device device) -> at::Tensor& {
     for (at::Tensor& flag : device_found) {
       if (flag.device() == device) {
@@ -156,7 +181,27 @@ bool unscale_buckets(Buckets& b, float inv_scale, std::vector<at::Tensor>& devic
       grad.mul_(static_cast<double>(inv_scale));
     }
   }
+  for (const at::Tensor& flag : device_found) {
+    if (flag.item<float>() == 0.0f) {
+      continue;
+    }
+    // inf/NaN stay inf/NaN through the multiply: find the tensors.
+    for (const auto& [grad, r] : b.device_ref) {
+      if (grad.device() == flag.device() && !at::isfinite(grad).all().item<bool>()) {
+        found[r] = 1;
+      }
+    }
+  }
   return found;
+}
+
+bool any_of(const std::vector<uint8_t>& flags) {
+  for (uint8_t f : flags) {
+    if (f != 0) {
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -170,11 +215,7 @@ bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerSta
   // so a failed collective leaves every gradient and stage as it was.
   std::optional<bool> agreed;
   if (found_inf_reducer_) {
-    std::vector<at::Tensor> flags;
-    bool local = unscale_buckets(buckets, 1.0f, flags);
-    for (const at::Tensor& flag : flags) {
-      local = local || flag.item<float>() != 0.0f;
-    }
+    const bool local = any_of(unscale_buckets(buckets, grads.size(), 1.0f));
     agreed = found_inf_reducer_(
         local, grads.empty() ? c10::Device(c10::kCPU) : grads.front().param.grad().device());
   }
@@ -183,25 +224,50 @@ bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerSta
   }
   // PyTorch: inv_scale = scale.double().reciprocal().float()
   const auto inv_scale = static_cast<float>(1.0 / static_cast<double>(schedule_.scale()));
-  std::vector<at::Tensor> device_found;
-  const bool found = unscale_buckets(buckets, inv_scale, device_found);
+  const std::vector<uint8_t> found = unscale_buckets(buckets, grads.size(), inv_scale);
 
-  state.checked = true;
-  if (agreed) {
-    state.found_inf = *agreed;
-  } else {
-    state.found_inf = found;
-    state.device_found = std::move(device_found);
+  std::vector<NonFiniteGradient> report;
+  for (size_t r = 0; r < grads.size(); ++r) {
+    if (found[r] != 0) {
+      auto name = parameter_names_.find(grads[r].param.unsafeGetTensorImpl());
+      report.push_back({grads[r].group, grads[r].index,
+                        name == parameter_names_.end() ? std::string() : name->second});
+    }
   }
+  state.checked = true;
+  state.found_inf = agreed ? *agreed : !report.empty();
+  last_non_finite_[&optimizer] = std::move(report);
   return true;
 }
 
-bool GradScaler::resolve_found_inf(OptimizerState& state) {
-  for (const at::Tensor& flag : state.device_found) {
-    state.found_inf = state.found_inf || flag.item<float>() != 0.0f;
+std::vector<NonFiniteGradient> GradScaler::non_finite_gradients(
+    const torch::optim::Optimizer& optimizer) const {
+  auto it = last_non_finite_.find(&optimizer);
+  return it == last_non_finite_.end() ? std::vector<NonFiniteGradient>() : it->second;
+}
+
+void GradScaler::register_parameter_name(const std::string& name, const at::Tensor& parameter) {
+  TORCH_CHECK_VALUE(parameter.defined(), "register_parameter_name: the parameter '", name,
+                    "' is undefined");
+  parameter_names_[parameter.unsafeGetTensorImpl()] = name;
+}
+
+std::string GradScaler::describe_non_finite(const torch::optim::Optimizer& optimizer) const {
+  const auto list = non_finite_gradients(optimizer);
+  if (list.empty()) {
+    return "none on this rank (another rank's, agreed over the process group)";
   }
-  state.device_found.clear();
-  return state.found_inf;
+  std::string out;
+  for (size_t i = 0; i < list.size() && i < 10; ++i) {
+    out += (i ? ", " : "") + param_name(list[i].group, list[i].index);
+    if (!list[i].name.empty()) {
+      out += " '" + list[i].name + "'";
+    }
+  }
+  if (list.size() > 10) {
+    out += " and " + std::to_string(list.size() - 10) + " more";
+  }
+  return out;
 }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
@@ -236,8 +302,20 @@ std::optional<at::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer) {
   TORCH_CHECK(state.stage != Stage::kStepped,
               "step() has already been called since the last update().");
   TORCH_CHECK(state.checked, "No inf checks were recorded for this optimizer.");
+  const int64_t max_skips = options_.max_consecutive_skips();
+  TORCH_CHECK(!state.found_inf || max_skips == 0 || consecutive_skips_ + 1 < max_skips,
+              "GradScaler: ", consecutive_skips_ + 1,
+              " steps in a row were skipped because gradients held inf/NaN "
+              "(max_consecutive_skips = ",
+              max_skips, "); training is not progressing. Current scale: ", schedule_.scale(),
+              " (min_scale ", schedule_.min_scale(),
+              "). Non-finite gradients in this step: ", describe_non_finite(optimizer),
+              ". Look for a NaN in the data or the loss, a learning rate that diverged, or a "
+              "float16 overflow in the forward pass.");
   std::optional<at::Tensor> result;
-  if (!resolve_found_inf(state)) {
+  if (state.found_inf) {
+    ++consecutive_skips_;
+  } else {
     result = optimizer.step();
   }
   state.stage = Stage::kStepped;
@@ -268,12 +346,13 @@ void GradScaler::update(std::optional<double> new_scale) {
     }
     TORCH_CHECK(checked, "No inf checks were recorded prior to update.");
     bool found = false;
-    for (auto& kv : per_optimizer_) {
-      if (kv.second.checked) {
-        found = resolve_found_inf(kv.second) || found;
-      }
+    for (const auto& kv : per_optimizer_) {
+      found = found || (kv.second.checked && kv.second.found_inf);
     }
     schedule_.update(found);
+    if (!found) {
+      consecutive_skips_ = 0;
+    }
   }
   per_optimizer_.clear();
 }
@@ -300,6 +379,16 @@ void GradScaler::set_growth_interval(int64_t growth_interval) {
 void GradScaler::set_backoff_interval(int64_t backoff_interval) {
   schedule_.set_backoff_interval(backoff_interval);
   options_.backoff_interval(backoff_interval);
+}
+
+void GradScaler::set_min_scale(double min_scale) {
+  schedule_.set_min_scale(min_scale);
+  options_.min_scale(min_scale);
+}
+
+void GradScaler::set_max_consecutive_skips(int64_t max_consecutive_skips) {
+  ScaleSchedule::check_tracker(max_consecutive_skips, "max_consecutive_skips");
+  options_.max_consecutive_skips(max_consecutive_skips);
 }
 
 }  // namespace torchamp

@@ -22,6 +22,9 @@ StateDict GradScaler::state_dict() const {
   state.insert("backoff_interval", schedule_.backoff_interval());
   state.insert("_backoff_tracker", schedule_.backoff_tracker());
   state.insert("dynamic", schedule_.dynamic());
+  state.insert("min_scale", schedule_.min_scale());
+  state.insert("max_consecutive_skips", options_.max_consecutive_skips());
+  state.insert("_consecutive_skips", consecutive_skips_);
   return state;
 }
 
@@ -41,7 +44,14 @@ void GradScaler::load_state_dict(const StateDict& state) {
       .backoff_factor(schedule_.backoff_factor())
       .growth_interval(schedule_.growth_interval())
       .backoff_interval(schedule_.backoff_interval())
-      .dynamic(schedule_.dynamic());
+      .dynamic(schedule_.dynamic())
+      .min_scale(schedule_.min_scale());
+  if (parsed.max_consecutive_skips) {
+    options_.max_consecutive_skips(*parsed.max_consecutive_skips);
+  }
+  if (parsed.consecutive_skips) {
+    consecutive_skips_ = *parsed.consecutive_skips;
+  }
 }
 
 }  // namespace torchamp

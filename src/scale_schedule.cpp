@@ -2,33 +2,41 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 namespace torchamp {
 
 ScaleSchedule::ScaleSchedule(double init_scale, double growth_factor, double backoff_factor,
-                             int64_t growth_interval, int64_t backoff_interval, bool dynamic)
+                             int64_t growth_interval, int64_t backoff_interval, bool dynamic,
+                             double min_scale)
     : scale_(check_scale(init_scale, "init_scale")),
       growth_factor_(growth_factor),
       backoff_factor_(backoff_factor),
       growth_interval_(growth_interval),
       backoff_interval_(backoff_interval),
-      dynamic_(dynamic) {
+      dynamic_(dynamic),
+      min_scale_(min_scale) {
   check_growth_factor(growth_factor, "growth_factor");
   check_backoff_factor(backoff_factor, "backoff_factor");
   check_interval(growth_interval, "growth_interval");
   check_interval(backoff_interval, "backoff_interval");
+  check_min_scale(min_scale, "min_scale");
 }
 
 ScaleSchedule::State ScaleSchedule::advance(State state, bool found_inf, double growth_factor,
                                             double backoff_factor, int64_t growth_interval,
-                                            int64_t backoff_interval) {
+                                            int64_t backoff_interval, double min_scale) {
   if (found_inf) {
     state.growth_tracker = 0;
     if (++state.backoff_tracker >= backoff_interval) {
       // double arithmetic, one rounding to float32: as _amp_update_scale_.
-      state.scale = static_cast<float>(static_cast<double>(state.scale) * backoff_factor);
+      const auto backed_off = static_cast<float>(static_cast<double>(state.scale) * backoff_factor);
+      // The floor never raises the scale: one already below it stays.
+      state.scale = static_cast<double>(backed_off) >= min_scale
+                        ? backed_off
+                        : std::min(state.scale, static_cast<float>(min_scale));
       state.backoff_tracker = 0;
     }
   } else {
@@ -49,7 +57,7 @@ void ScaleSchedule::update(bool found_inf) {
     return;
   }
   const State next = advance({scale_, growth_tracker_, backoff_tracker_}, found_inf, growth_factor_,
-                             backoff_factor_, growth_interval_, backoff_interval_);
+                             backoff_factor_, growth_interval_, backoff_interval_, min_scale_);
   scale_ = next.scale;
   growth_tracker_ = next.growth_tracker;
   backoff_tracker_ = next.backoff_tracker;
@@ -77,6 +85,11 @@ void ScaleSchedule::set_growth_interval(int64_t growth_interval) {
 void ScaleSchedule::set_backoff_interval(int64_t backoff_interval) {
   check_interval(backoff_interval, "backoff_interval");
   backoff_interval_ = backoff_interval;
+}
+
+void ScaleSchedule::set_min_scale(double min_scale) {
+  check_min_scale(min_scale, "min_scale");
+  min_scale_ = min_scale;
 }
 
 void ScaleSchedule::set_growth_tracker(int64_t growth_tracker) {
@@ -114,6 +127,15 @@ void ScaleSchedule::check_interval(int64_t value, const char* name) {
 
 void ScaleSchedule::check_tracker(int64_t value, const char* name) {
   TORCH_CHECK_VALUE(value >= 0, name, " must be >= 0, got ", value);
+}
+
+}  // namespace torchamp
+
+namespace torchamp {
+
+void ScaleSchedule::check_min_scale(double value, const char* name) {
+  TORCH_CHECK_VALUE(std::isfinite(value) && value >= 0.0, name,
+                    " must be a finite number >= 0 (0: no floor), got ", value);
 }
 
 }  // namespace torchamp

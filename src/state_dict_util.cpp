@@ -118,6 +118,18 @@ ParsedState parse_state_dict(const StateDict& state) {
   if (has(state, "dynamic")) {
     p.dynamic = read_bool(state, "dynamic");
   }
+  if (has(state, "min_scale")) {
+    p.min_scale = read_double(state, "min_scale");
+    ScaleSchedule::check_min_scale(*p.min_scale, "state_dict['min_scale']");
+  }
+  if (has(state, "max_consecutive_skips")) {
+    p.max_consecutive_skips = read_int(state, "max_consecutive_skips");
+    ScaleSchedule::check_tracker(*p.max_consecutive_skips, "state_dict['max_consecutive_skips']");
+  }
+  if (has(state, "_consecutive_skips")) {
+    p.consecutive_skips = read_int(state, "_consecutive_skips");
+    ScaleSchedule::check_tracker(*p.consecutive_skips, "state_dict['_consecutive_skips']");
+  }
   ScaleSchedule::check_scale(p.scale, "state_dict['scale']");
   ScaleSchedule::check_growth_factor(p.growth_factor, "state_dict['growth_factor']");
   ScaleSchedule::check_backoff_factor(p.backoff_factor, "state_dict['backoff_factor']");
@@ -146,6 +158,9 @@ ScaleSchedule apply_state(ScaleSchedule schedule, const ParsedState& parsed) {
   }
   if (parsed.dynamic) {
     schedule.set_dynamic(*parsed.dynamic);
+  }
+  if (parsed.min_scale) {
+    schedule.set_min_scale(*parsed.min_scale);
   }
   return schedule;
 }

@@ -30,6 +30,9 @@ struct ParsedState {
   std::optional<int64_t> backoff_interval;
   std::optional<int64_t> backoff_tracker;
   std::optional<bool> dynamic;
+  std::optional<double> min_scale;               // core schema only
+  std::optional<int64_t> max_consecutive_skips;  // core schema only
+  std::optional<int64_t> consecutive_skips;      // core schema only
 };
 
 /// Detects the schema, checks every key's presence, type and value, and throws

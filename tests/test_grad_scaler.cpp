@@ -454,7 +454,7 @@ TEST(GradScalerStateDict, PyTorchKeysAndTypes) {
   iterate(s, opt, p, false);
   iterate(s, opt, p, true);
   auto sd = s.state_dict();
-  EXPECT_EQ(sd.size(), 8u);
+  EXPECT_EQ(sd.size(), 11u);
   EXPECT_TRUE(sd.at("scale").isDouble());
   EXPECT_EQ(sd.at("scale").toDouble(), 1024.0);
   EXPECT_EQ(sd.at("growth_factor").toDouble(), 2.0);
@@ -465,6 +465,9 @@ TEST(GradScalerStateDict, PyTorchKeysAndTypes) {
   EXPECT_EQ(sd.at("backoff_interval").toInt(), 2);
   EXPECT_EQ(sd.at("_backoff_tracker").toInt(), 1);
   EXPECT_TRUE(sd.at("dynamic").toBool());
+  EXPECT_EQ(sd.at("min_scale").toDouble(), 0.0);
+  EXPECT_EQ(sd.at("max_consecutive_skips").toInt(), 0);
+  EXPECT_EQ(sd.at("_consecutive_skips").toInt(), 1);
   EXPECT_EQ(GradScaler(GradScalerOptions().enabled(false)).state_dict().size(), 0u);
 }
 
@@ -577,6 +580,128 @@ TEST(GradScalerStateDict, DisabledLoadIsANoOp) {
   s.load_state_dict(StateDict(c10::StringType::get(), c10::AnyType::get()));
   EXPECT_EQ(s.get_scale(), 1.0);
   EXPECT_FALSE(s.is_enabled());
+}
+
+// ---- failing loudly (reliability issue, part 5) ------------------------------
+
+TEST(GradScalerFailLoudly, MinScaleFloorsBackoffButNeverRaisesTheScale) {
+  GradScaler s(GradScalerOptions().init_scale(8).min_scale(3));
+  auto p = param_with_grad(torch::tensor({1.0f}));
+  CountingSGD opt({p});
+  std::vector<double> scales;
+  for (int i = 0; i < 3; ++i) {
+    iterate(s, opt, p, true);
+    scales.push_back(s.get_scale());
+  }
+  EXPECT_EQ(scales, (std::vector<double>{4, 3, 3}));
+  s.update(1.0);  // set below the floor by hand: a backoff leaves it there
+  iterate(s, opt, p, true);
+  EXPECT_EQ(s.get_scale(), 1.0);
+  // Default: no floor (PyTorch), the scale halves all the way down.
+  GradScaler t(GradScalerOptions().init_scale(2));
+  for (int i = 0; i < 3; ++i) {
+    iterate(t, opt, p, true);
+  }
+  EXPECT_EQ(t.get_scale(), 0.25);
+}
+
+TEST(GradScalerFailLoudly, BadOptionsAreValueErrors) {
+  expect_throws<c10::ValueError>([] { GradScaler(GradScalerOptions().min_scale(-1)); },
+                                 "min_scale must be a finite number >= 0 (0: no floor), got -1");
+  expect_throws<c10::ValueError>([] { GradScaler(GradScalerOptions().min_scale(INFINITY)); },
+                                 "min_scale");
+  expect_throws<c10::ValueError>([] { GradScaler(GradScalerOptions().max_consecutive_skips(-2)); },
+                                 "max_consecutive_skips must be >= 0, got -2");
+  GradScaler s;
+  const Snapshot before(s);
+  expect_throws<c10::ValueError>([&] { s.set_min_scale(NAN); }, "min_scale");
+  expect_throws<c10::ValueError>([&] { s.set_max_consecutive_skips(-1); }, "max_consecutive_skips");
+  EXPECT_EQ(Snapshot(s), before);
+  EXPECT_EQ(s.get_min_scale(), 0.0);
+  EXPECT_EQ(s.get_max_consecutive_skips(), 0);
+}
+
+TEST(GradScalerFailLoudly, TooManySkipsInARowThrowAndExplain) {
+  torch::manual_seed(0);
+  torch::nn::Linear model(3, 2);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  GradScaler s(GradScalerOptions().init_scale(16).max_consecutive_skips(3));
+  s.register_parameter_names(model->named_parameters());
+  auto poison = [&] {
+    opt.zero_grad();
+    s.scale(model->forward(torch::ones({1, 3})).sum()).backward();
+    model->weight.mutable_grad()[1][2] = kNaN;
+  };
+  poison();
+  EXPECT_FALSE(s.step(opt).has_value());
+  s.update();
+  // A clean update in between resets the count.
+  opt.zero_grad();
+  s.scale(model->forward(torch::ones({1, 3})).sum()).backward();
+  EXPECT_TRUE(s.step(opt).has_value());
+  s.update();
+  EXPECT_EQ(s.get_consecutive_skips(), 0);
+  for (int i = 0; i < 2; ++i) {
+    poison();
+    EXPECT_FALSE(s.step(opt).has_value());
+    s.update();
+  }
+  EXPECT_EQ(s.get_consecutive_skips(), 2);
+  poison();
+  const auto weight_before = model->weight.clone();
+  expect_throws<c10::Error>([&] { s.step(opt); },
+                            "3 steps in a row were skipped because gradients held inf/NaN "
+                            "(max_consecutive_skips = 3); training is not progressing. Current "
+                            "scale: 2 (min_scale 0). Non-finite gradients in this step: "
+                            "param_groups[0].params[0] 'weight'.");
+  EXPECT_TRUE(model->weight.equal(weight_before));
+  EXPECT_EQ(s.get_consecutive_skips(), 2);
+}
+
+TEST(GradScalerDiagnostics, ReportsWhichParametersHeldNonFiniteGradients) {
+  GradScaler s(GradScalerOptions().init_scale(2));
+  auto a = param_with_grad(torch::tensor({1.0f, 2.0f}));
+  auto b = param_with_grad(torch::tensor({kInf}));
+  auto c = param_with_grad(torch::tensor({3.0f}));
+  auto d = param_with_grad(torch::tensor({kNaN, 1.0f}, torch::kDouble));
+  torch::optim::SGD opt({a, b}, 0.1);
+  opt.add_param_group(torch::optim::OptimizerParamGroup({c, d}));
+  s.register_parameter_name("layer.bias", d);
+  EXPECT_TRUE(s.non_finite_gradients(opt).empty());  // nothing unscaled yet
+  s.unscale_(opt);
+  const auto report = s.non_finite_gradients(opt);
+  ASSERT_EQ(report.size(), 2u);
+  EXPECT_EQ(report[0].group, 0u);
+  EXPECT_EQ(report[0].index, 1u);
+  EXPECT_EQ(report[0].name, "");
+  EXPECT_EQ(report[1].group, 1u);
+  EXPECT_EQ(report[1].index, 1u);
+  EXPECT_EQ(report[1].name, "layer.bias");
+  EXPECT_FALSE(s.step(opt).has_value());
+  s.update();
+  EXPECT_EQ(s.non_finite_gradients(opt).size(), 2u);  // kept until the next unscale_
+  b.mutable_grad() = torch::ones({1});
+  d.mutable_grad() = torch::ones({2}, torch::kDouble);
+  s.unscale_(opt);
+  EXPECT_TRUE(s.non_finite_gradients(opt).empty());
+}
+
+TEST(GradScalerFailLoudly, StateRoundTripsThroughTheStateDict) {
+  GradScaler s(GradScalerOptions().init_scale(64).min_scale(2).max_consecutive_skips(9));
+  auto p = param_with_grad(torch::tensor({1.0f}));
+  CountingSGD opt({p});
+  iterate(s, opt, p, true);
+  iterate(s, opt, p, true);
+  GradScaler t;
+  t.load_state_dict(s.state_dict());
+  EXPECT_EQ(t.get_min_scale(), 2.0);
+  EXPECT_EQ(t.get_max_consecutive_skips(), 9);
+  EXPECT_EQ(t.get_consecutive_skips(), 2);
+  auto sd = s.state_dict();
+  sd.insert_or_assign("_consecutive_skips", int64_t{-1});
+  expect_throws<c10::ValueError>([&] { t.load_state_dict(sd); },
+                                 "state_dict['_consecutive_skips'] must be >= 0");
+  EXPECT_EQ(t.get_consecutive_skips(), 2);
 }
 
 // ---- 10. CUDA ----------------------------------------------------------------

@@ -126,6 +126,15 @@ TEST(ScaleSchedule, NotDynamicNeverChanges) {
   EXPECT_EQ(s.backoff_tracker(), 0);
 }
 
+TEST(ScaleSchedule, MinScaleFloorsBackoffs) {
+  ScaleSchedule s(100, 2.0, 0.25, 10, 1, true, /*min_scale=*/10);
+  EXPECT_EQ(run(s, "iii"), (std::vector<double>{25, 10, 10}));
+  s.set_scale(5);  // below the floor: a backoff does not raise it
+  EXPECT_EQ(run(s, "ic"), (std::vector<double>{5, 5}));
+  EXPECT_EQ(ScaleSchedule::advance({100, 0, 0}, true, 2.0, 0.25, 10, 1, 10).scale, 25.0f);
+  EXPECT_EQ(ScaleSchedule::advance({20, 0, 0}, true, 2.0, 0.25, 10, 1, 10).scale, 10.0f);
+}
+
 TEST(ScaleSchedule, SetScaleRoundsToFloatAndKeepsCounters) {
   auto s = make(8, 5, 5);
   run(s, "cc");

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -59,6 +60,20 @@ struct GradScalerOptions {
   TORCH_ARG(bool, dynamic) = true;
   /// false: a transparent pass-through, as Python's `enabled=False`.
   TORCH_ARG(bool, enabled) = true;
+  /// The scale never backs off below this; 0 (default, as PyTorch): no floor.
+  /// Finite and >= 0.
+  TORCH_ARG(double, min_scale) = 0.0;
+  /// After this many skipped steps in a row (not interrupted by a clean
+  /// update), `step` throws instead of silently not training; 0 (default):
+  /// never. >= 0.
+  TORCH_ARG(int64_t, max_consecutive_skips) = 0;
+};
+
+/// A parameter whose gradient held an inf/NaN at the last `unscale_`.
+struct NonFiniteGradient {
+  size_t group;      ///< index into optimizer.param_groups()
+  size_t index;      ///< index into that group's params()
+  std::string name;  ///< as registered with register_parameter_names, else empty
 };
 
 /// Dynamic loss scaling. The training loop is Python's:
@@ -119,6 +134,11 @@ class GradScaler {
   /// (never twice), then returns `optimizer.step()`, or `std::nullopt`
   /// without calling it when a gradient was inf/NaN.
   ///
+  /// With `max_consecutive_skips` = N > 0, the N-th skipped step in a row
+  /// throws `c10::Error` instead, naming the scale, the count and the
+  /// parameters with non-finite gradients (the gradients stay unscaled, the
+  /// stage stays unscaled).
+  ///
   /// Throws `c10::Error` if `step` already ran since the last `update()`, or
   /// "No inf checks were recorded for this optimizer." when the optimizer has
   /// no gradient at all; otherwise as `unscale_`. Disabled: returns
@@ -158,11 +178,37 @@ class GradScaler {
   int64_t get_backoff_tracker() const { return schedule_.backoff_tracker(); }
   bool is_dynamic() const { return schedule_.dynamic(); }
 
+  double get_min_scale() const { return schedule_.min_scale(); }
+  int64_t get_max_consecutive_skips() const { return options_.max_consecutive_skips(); }
+  /// Skipped steps since the last clean update.
+  int64_t get_consecutive_skips() const { return consecutive_skips_; }
+
   /// Validated as in the constructor (`c10::ValueError`, nothing changed).
   void set_growth_factor(double growth_factor);
   void set_backoff_factor(double backoff_factor);
   void set_growth_interval(int64_t growth_interval);
   void set_backoff_interval(int64_t backoff_interval);
+  void set_min_scale(double min_scale);
+  void set_max_consecutive_skips(int64_t max_consecutive_skips);
+
+  /// The parameters whose gradients held an inf/NaN at this optimizer's last
+  /// `unscale_` (also the one inside `step`), in optimizer order; empty when
+  /// none did or none was unscaled. Known from the fused pass itself on the
+  /// CPU; for CUDA gradients, found by a per-tensor check run only when the
+  /// device reported an overflow.
+  std::vector<NonFiniteGradient> non_finite_gradients(
+      const torch::optim::Optimizer& optimizer) const;
+
+  /// Names for the diagnostics and the `max_consecutive_skips` error, e.g.
+  /// `scaler.register_parameter_names(model->named_parameters())` (anything
+  /// iterable whose items have `key()` and `value()`).
+  template <class NamedParameters>
+  void register_parameter_names(const NamedParameters& named) {
+    for (const auto& item : named) {
+      register_parameter_name(item.key(), item.value());
+    }
+  }
+  void register_parameter_name(const std::string& name, const at::Tensor& parameter);
 
   /// How ranks agree on an overflow (see torchamp/distributed.h, which sets
   /// one from a c10d process group). Called by `unscale_` (and `step`) with
@@ -179,7 +225,8 @@ class GradScaler {
   /// PyTorch's keys, so checkpoints cross between Python and C++: `scale`,
   /// `growth_factor`, `backoff_factor` (double), `growth_interval`,
   /// `_growth_tracker` (int), and ours: `backoff_interval`, `_backoff_tracker`
-  /// (int), `dynamic` (bool). Empty when disabled.
+  /// (int), `dynamic` (bool), `min_scale` (double), `max_consecutive_skips`,
+  /// `_consecutive_skips` (int). Empty when disabled.
   StateDict state_dict() const;
 
   /// Loads a `state_dict()`, or Python's (without our three keys, which then
@@ -198,20 +245,22 @@ class GradScaler {
 
   struct OptimizerState {
     Stage stage = Stage::kReady;
-    bool checked = false;                  // at least one gradient was checked
-    bool found_inf = false;                // host-side result (CPU gradients)
-    std::vector<at::Tensor> device_found;  // per-device found_inf (CUDA), read at step/update
+    bool checked = false;    // at least one gradient was checked
+    bool found_inf = false;  // agreed result (one host sync per device, at unscale)
   };
 
   // Validates, then unscales; returns whether any gradient was checked.
   // Nothing is changed if it throws.
   bool unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state);
-  // Folds device flags into state.found_inf (one host sync per device).
-  static bool resolve_found_inf(OptimizerState& state);
+  std::string describe_non_finite(const torch::optim::Optimizer& optimizer) const;
 
   GradScalerOptions options_;
   ScaleSchedule schedule_;
   FoundInfReducer found_inf_reducer_;
+  int64_t consecutive_skips_ = 0;
+  std::unordered_map<const void*, std::string> parameter_names_;  // by TensorImpl
+  std::unordered_map<const torch::optim::Optimizer*, std::vector<NonFiniteGradient>>
+      last_non_finite_;
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
 };
 

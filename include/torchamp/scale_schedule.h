@@ -24,14 +24,16 @@ class ScaleSchedule {
   /// Throws `c10::ValueError` if any argument is out of range (see the
   /// `check_*` helpers below).
   ScaleSchedule(double init_scale, double growth_factor, double backoff_factor,
-                int64_t growth_interval, int64_t backoff_interval, bool dynamic);
+                int64_t growth_interval, int64_t backoff_interval, bool dynamic,
+                double min_scale = 0.0);
 
   /// Records one update. `found_inf`: whether any checked gradient since the
   /// last update held an inf/NaN.
   ///
   /// - overflow: the clean counter resets; after `backoff_interval`
   ///   consecutive overflowing updates the scale is multiplied by
-  ///   `backoff_factor` and the overflow counter resets;
+  ///   `backoff_factor`, but not below `min_scale` (a scale already below it
+  ///   stays), and the overflow counter resets;
   /// - clean: the overflow counter resets; after `growth_interval` consecutive
   ///   clean updates the scale is multiplied by `growth_factor` unless the
   ///   result is not a finite float32 (then the scale stays), and the clean
@@ -51,7 +53,7 @@ class ScaleSchedule {
     int64_t backoff_tracker;
   };
   static State advance(State state, bool found_inf, double growth_factor, double backoff_factor,
-                       int64_t growth_interval, int64_t backoff_interval);
+                       int64_t growth_interval, int64_t backoff_interval, double min_scale = 0.0);
 
   float scale() const noexcept { return scale_; }
   double growth_factor() const noexcept { return growth_factor_; }
@@ -61,6 +63,8 @@ class ScaleSchedule {
   int64_t growth_tracker() const noexcept { return growth_tracker_; }
   int64_t backoff_tracker() const noexcept { return backoff_tracker_; }
   bool dynamic() const noexcept { return dynamic_; }
+  /// The floor of backoffs; 0: none (PyTorch's behaviour).
+  double min_scale() const noexcept { return min_scale_; }
 
   /// Sets the scale (rounded to float32); counters untouched.
   void set_scale(double scale);
@@ -71,6 +75,7 @@ class ScaleSchedule {
   void set_growth_tracker(int64_t growth_tracker);
   void set_backoff_tracker(int64_t backoff_tracker);
   void set_dynamic(bool dynamic) noexcept { dynamic_ = dynamic; }
+  void set_min_scale(double min_scale);
 
   // Validators shared by both facades. `name` is the option's name in the
   // caller's vocabulary ("growth_factor" or "incr_ratio"); each throws
@@ -87,6 +92,8 @@ class ScaleSchedule {
   static void check_interval(int64_t value, const char* name);
   /// >= 0.
   static void check_tracker(int64_t value, const char* name);
+  /// Finite and >= 0 (0: no floor).
+  static void check_min_scale(double value, const char* name);
 
  private:
   float scale_;
@@ -97,6 +104,7 @@ class ScaleSchedule {
   int64_t growth_tracker_ = 0;
   int64_t backoff_tracker_ = 0;
   bool dynamic_;
+  double min_scale_;
 };
 
 }  // namespace torchamp
