@@ -15,6 +15,7 @@ TORCHAMP_PACKAGES=(
   python3-torch         # PyTorch, for interoperability tests
   libcli11-dev zlib1g-dev # torchamp-train: options, gzip data
   gnuplot-nox           # torchamp-train: plots
+  clang libclang-rt-14-dev  # the libFuzzer target
   ccache clang-format
 )
 

@@ -39,7 +39,7 @@ bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   auto ca = a.contiguous();
   auto cb = b.contiguous();
   return ca.scalar_type() == cb.scalar_type() && ca.numel() == cb.numel() &&
-         std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
+         (ca.numel() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0);
 }
 
 // Random values spanning normals, subnormals, +-0, huge values.
