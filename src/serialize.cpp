@@ -34,32 +34,44 @@ StateDict read_state(torch::serialize::InputArchive& archive) {
   return state;
 }
 
-}  // namespace
-
-torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
-                                            const GradScaler& scaler) {
+// One implementation for both facades: each state_dict entry is an archive
+// attribute, read back into a dict for load_state_dict.
+template <class Scaler>
+torch::serialize::OutputArchive& save_scaler(torch::serialize::OutputArchive& archive,
+                                             const Scaler& scaler) {
   write_state(archive, scaler.state_dict());
   return archive;
 }
 
-torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
-                                           GradScaler& scaler) {
+template <class Scaler>
+torch::serialize::InputArchive& load_scaler(torch::serialize::InputArchive& archive,
+                                            Scaler& scaler) {
   scaler.load_state_dict(read_state(archive));
   return archive;
+}
+
+}  // namespace
+
+torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
+                                            const GradScaler& scaler) {
+  return save_scaler(archive, scaler);
+}
+
+torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
+                                           GradScaler& scaler) {
+  return load_scaler(archive, scaler);
 }
 
 namespace paddle {
 
 torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
                                             const GradScaler& scaler) {
-  write_state(archive, scaler.state_dict());
-  return archive;
+  return save_scaler(archive, scaler);
 }
 
 torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
                                            GradScaler& scaler) {
-  scaler.load_state_dict(read_state(archive));
-  return archive;
+  return load_scaler(archive, scaler);
 }
 
 }  // namespace paddle

@@ -45,16 +45,20 @@ void expect_same_parameters(const torch::nn::Module& a, const torch::nn::Module&
   }
 }
 
-// (a) The reference page's loop; a power-of-two scale changes nothing.
-TEST(Training, QuickstartLoopMatchesPlainFloat32) {
+// Two Linear(4, 1) with identical weights (seed 0), as the quickstart's.
+std::pair<torch::nn::Linear, torch::nn::Linear> twin_linear() {
   torch::manual_seed(0);
   torch::nn::Linear model(4, 1);
   torch::nn::Linear control(4, 1);
-  {
-    torch::NoGradGuard g;
-    control->weight.copy_(model->weight);
-    control->bias.copy_(model->bias);
-  }
+  torch::NoGradGuard g;
+  control->weight.copy_(model->weight);
+  control->bias.copy_(model->bias);
+  return {model, control};
+}
+
+// (a) The reference page's loop; a power-of-two scale changes nothing.
+TEST(Training, QuickstartLoopMatchesPlainFloat32) {
+  auto [model, control] = twin_linear();
   torch::optim::SGD opt(model->parameters(), 0.01);
   torch::optim::SGD copt(control->parameters(), 0.01);
   GradScaler scaler;
@@ -75,14 +79,7 @@ TEST(Training, QuickstartLoopMatchesPlainFloat32) {
 
 // (a') The same loop with a bfloat16 autocast forward lands near float32.
 TEST(Training, AutocastBFloat16ForwardTracksFloat32) {
-  torch::manual_seed(0);
-  torch::nn::Linear model(4, 1);
-  torch::nn::Linear control(4, 1);
-  {
-    torch::NoGradGuard g;
-    control->weight.copy_(model->weight);
-    control->bias.copy_(model->bias);
-  }
+  auto [model, control] = twin_linear();
   torch::optim::SGD opt(model->parameters(), 0.05);
   torch::optim::SGD copt(control->parameters(), 0.05);
   GradScaler scaler;

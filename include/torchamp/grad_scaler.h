@@ -97,9 +97,10 @@ struct NonFiniteGradient {
 /// scaler.
 ///
 /// Differences from Python: the scale lives on the host as a float32 value
-/// (CUDA gradients are still unscaled on the device and synchronised once per
-/// `step`), `step` forwards no extra arguments, and `backoff_interval` and
-/// `dynamic` are extensions (Paddle has both).
+/// (CUDA gradients are still unscaled on the device, with one host
+/// synchronisation per device and iteration, when they are unscaled), `step`
+/// forwards no extra arguments, and `backoff_interval` and `dynamic` (Paddle
+/// has both), `min_scale` and `max_consecutive_skips` are extensions.
 class GradScaler {
  public:
   using LossClosure = std::function<at::Tensor()>;
