@@ -1,0 +1,42 @@
+# Installs the build into a temporary prefix, moves that prefix elsewhere (so
+# nothing can depend on where it was installed, nor on the build tree), and
+# runs the installed torchamp-train --help and an installed example from there.
+#   cmake -DBUILD=<build dir> -DWORK=<scratch dir> -P check_install.cmake
+file(REMOVE_RECURSE "${WORK}")
+execute_process(COMMAND ${CMAKE_COMMAND} --install "${BUILD}" --prefix "${WORK}/stage"
+  RESULT_VARIABLE rc OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "cmake --install failed (${rc})")
+endif()
+file(RENAME "${WORK}/stage" "${WORK}/moved")
+set(prefix "${WORK}/moved")
+
+# No installed binary may look for libraries in the build tree.
+file(GLOB_RECURSE binaries "${prefix}/bin/*" "${prefix}/libexec/*" "${prefix}/lib*/*.so*")
+foreach(bin IN LISTS binaries)
+  if(IS_SYMLINK "${bin}")
+    continue()
+  endif()
+  execute_process(COMMAND readelf -d "${bin}" OUTPUT_VARIABLE dyn RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "readelf -d ${bin} failed")
+  endif()
+  string(FIND "${dyn}" "${BUILD}" at)
+  if(NOT at EQUAL -1)
+    message(FATAL_ERROR "${bin} has the build tree in its RUNPATH:\n${dyn}")
+  endif()
+endforeach()
+
+# Run with a clean library path: only RUNPATHs can find the libraries.
+set(run ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH)
+execute_process(COMMAND ${run} "${prefix}/bin/torchamp-train" --help
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "--epochs")
+  message(FATAL_ERROR "installed torchamp-train --help: exit ${rc}\n${out}\n${err}")
+endif()
+execute_process(COMMAND ${run} "${prefix}/libexec/torchamp/examples/quickstart"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "clipped gradient norm")
+  message(FATAL_ERROR "installed quickstart: exit ${rc}\n${out}\n${err}")
+endif()
+message(STATUS "installed torchamp-train and quickstart run from ${prefix}")
