@@ -1,5 +1,8 @@
 // The cost of loss scaling on the CPU, measured three ways in one run:
 //   ours      GradScaler::unscale_ (fused unscale + check) and the check-only kernel;
+//   aten      ATen's own at::_amp_foreach_non_finite_check_and_unscale_ (what
+//             PyTorch's CPU GradScaler runs), on LibTorch >= 2.3, which has a
+//             CPU kernel for it (below 2.3 that op runs torchamp's kernel);
 //   baseline  what a LibTorch user writes today, per gradient:
 //             g.mul_(inv); if (!isfinite(g).all().item<bool>()) found = true;
 //   ceiling   a plain in-place multiply-by-constant loop over the same buffers
@@ -16,7 +19,10 @@
 
 #include <torchamp/grad_scaler.h>
 
+#include "compat.h"
 #include "kernels/kernels.h"
+
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
@@ -156,6 +162,19 @@ void bm_ours_unscale(benchmark::State& state, const Case& c, at::ScalarType dtyp
   for (auto _ : state) {
     scaler.unscale_(opt);
     scaler.update(1.0 / alternate(i));
+  }
+  state.SetBytesProcessed(state.iterations() * bytes_of(grads) * 2);
+}
+
+void bm_aten_unscale(benchmark::State& state, const Case& c, at::ScalarType dtype) {
+  auto& grads = make_grads(c, dtype);
+  auto found = torch::zeros({1});
+  auto inv = torch::full({1}, 1.0f);
+  int64_t i = 0;
+  for (auto _ : state) {
+    inv.fill_(alternate(i));
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found, inv);
+    benchmark::DoNotOptimize(found.item<float>());
   }
   state.SetBytesProcessed(state.iterations() * bytes_of(grads) * 2);
 }
@@ -334,6 +353,10 @@ int main(int argc, char** argv) {
           ->UseRealTime();
       benchmark::RegisterBenchmark(("ours_check" + suffix).c_str(), bm_ours_check, c, d.type)
           ->UseRealTime();
+      if (torchamp::compat::kAtenHasCpuAmpKernels) {
+        benchmark::RegisterBenchmark(("aten_unscale" + suffix).c_str(), bm_aten_unscale, c, d.type)
+            ->UseRealTime();
+      }
       benchmark::RegisterBenchmark(("baseline" + suffix).c_str(), bm_baseline, c, d.type)
           ->UseRealTime();
       benchmark::RegisterBenchmark(("ceiling_rw" + suffix).c_str(), bm_ceiling_rw, c, d.type)
@@ -346,9 +369,11 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&collector);
 
   std::printf(
-      "\n| case | dtype | unscale GB/s | baseline GB/s | x baseline | rw ceiling GB/s | of ceiling "
-      "| check GB/s | read ceiling GB/s | of ceiling | threads |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "\nLibTorch %s\n| case | dtype | unscale GB/s | ATen's op GB/s | x ATen | baseline GB/s | "
+      "x baseline | rw ceiling GB/s | of ceiling | check GB/s | read ceiling GB/s | of ceiling | "
+      "threads |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      TORCH_VERSION);
   for (const auto& c : kCases) {
     for (const auto& d : kDtypes) {
       const std::string suffix = std::string("/") + c.name + "/" + d.name;
@@ -362,10 +387,16 @@ int main(int argc, char** argv) {
       const double ours = g["ours_unscale" + suffix], base = g["baseline" + suffix];
       const double rw = g["ceiling_rw" + ceil_suffix], check = g["ours_check" + suffix];
       const double rd = g["ceiling_read" + suffix];
-      std::printf("| %s | %s | %.1f | %.2f | %.0fx | %.1f%s | %.2f | %.1f | %.1f | %.2f | %d |\n",
-                  c.name, d.name, ours, base, ours / base, rw,
-                  d.type == at::kBFloat16 ? " (f32)" : "", ours / rw, check, rd, check / rd,
-                  at::get_num_threads());
+      char aten[64] = "n/a (< 2.3) | n/a";
+      if (g.count("aten_unscale" + suffix)) {
+        const double a = g["aten_unscale" + suffix];
+        std::snprintf(aten, sizeof aten, "%.1f | %.2fx", a, ours / a);
+      }
+      std::printf(
+          "| %s | %s | %.1f | %s | %.2f | %.0fx | %.1f%s | %.2f | %.1f | %.1f | %.2f | %d |\n",
+          c.name, d.name, ours, aten, base, ours / base, rw,
+          d.type == at::kBFloat16 ? " (f32)" : "", ours / rw, check, rd, check / rd,
+          at::get_num_threads());
     }
   }
   training_tax();

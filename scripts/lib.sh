@@ -1,23 +1,33 @@
 # Shared set-up for scripts/test and scripts/demo (sourced, not run).
 #
-# Installs what is missing with apt (idempotent: installed packages are
-# skipped, apt-get update runs only when something is missing), then
-# configures and builds into build/.
+# Installs what is missing (idempotent: installed packages are skipped,
+# apt-get update runs only when something is missing), then configures and
+# builds. Debian's packages come from the list for this release
+# (scripts/deps/debian-<VERSION_ID>.txt, chosen from /etc/os-release); the
+# wheel leg's LibTorch comes from pip, into a virtual environment under .deps/.
 
 TORCHAMP_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-# Debian 12 packages the build, tests and demo need.
-TORCHAMP_PACKAGES=(
-  cmake make g++ pkg-config
-  libtorch-dev          # LibTorch 1.13.1 (CPU), headers and CMake config
-  libgtest-dev          # GoogleTest
-  libbenchmark-dev      # Google Benchmark (bench/)
-  python3-torch         # PyTorch, for interoperability tests
-  libcli11-dev zlib1g-dev # torchamp-train: options, gzip data
-  gnuplot-nox           # torchamp-train: plots
-  clang libclang-rt-14-dev  # the libFuzzer target
-  ccache clang-format
-)
+# The one list of Debian packages for this machine's release.
+torchamp_deps_file() {
+  local id="" version_id=""
+  if [ -r /etc/os-release ]; then
+    id=$(. /etc/os-release && echo "${ID:-}")
+    version_id=$(. /etc/os-release && echo "${VERSION_ID:-}")
+  fi
+  local file="$TORCHAMP_ROOT/scripts/deps/${id}-${version_id}.txt"
+  if [ "$id" != debian ] || [ ! -f "$file" ]; then
+    echo "error: no package list for '${id:-unknown} ${version_id:-?}' (/etc/os-release);" \
+      "supported: $(cd "$TORCHAMP_ROOT/scripts/deps" && ls debian-*.txt | sed 's/\.txt$//' | tr '\n' ' ')" >&2
+    return 1
+  fi
+  echo "$file"
+}
+
+# Package names of a list file: comments and blank lines dropped.
+torchamp_read_deps() {
+  sed -e 's/#.*//' -e 's/[[:space:]]//g' "$1" | grep -v '^$'
+}
 
 torchamp_as_root() {
   if [ "$(id -u)" -eq 0 ]; then
@@ -31,20 +41,45 @@ torchamp_as_root() {
 }
 
 torchamp_install_deps() {
-  local missing=() pkg
-  for pkg in "${TORCHAMP_PACKAGES[@]}"; do
+  local file pkg missing=()
+  file=$(torchamp_deps_file)
+  for pkg in $(torchamp_read_deps "$file"); do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
       missing+=("$pkg")
     fi
   done
   if [ ${#missing[@]} -eq 0 ]; then
-    echo "== dependencies: all installed"
+    echo "== dependencies ($(basename "$file")): all installed"
     return 0
   fi
-  echo "== installing: ${missing[*]}"
+  echo "== installing ($(basename "$file")): ${missing[*]}"
   torchamp_as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   torchamp_as_root env DEBIAN_FRONTEND=noninteractive \
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# A virtual environment with PyTorch VERSION from pip (the python3 on PATH),
+# in .deps/torch-VERSION; prints its directory. Its torch/ folder is a
+# complete C++ LibTorch. Extra pip requirements may follow the version.
+torchamp_wheel_venv() {
+  local version="$1"
+  shift
+  local venv="$TORCHAMP_ROOT/.deps/torch-$version"
+  local want="torch==$version $*"
+  if [ "$(cat "$venv/.torchamp-requirements" 2>/dev/null)" != "$want" ] ||
+    ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+    echo "== pip: $want into ${venv#"$TORCHAMP_ROOT"/}" >&2
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >&2
+    # shellcheck disable=SC2086
+    "$venv/bin/pip" install -q $want >&2
+    echo "$want" >"$venv/.torchamp-requirements"
+  fi
+  echo "$venv"
+}
+
+# The CMake prefix (share/cmake) of the LibTorch inside a venv's torch wheel.
+torchamp_wheel_prefix() {
+  "$1/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)'
 }
 
 torchamp_build() {

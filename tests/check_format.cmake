@@ -1,4 +1,10 @@
-# Fails if clang-format would change any C++ file of the repository.
+# Fails if clang-format would change any C++ file of the repository. The
+# repository is formatted with clang-format 14; other majors format differently.
+execute_process(COMMAND "${CLANG_FORMAT}" --version OUTPUT_VARIABLE version)
+if(NOT version MATCHES "version 14\\.")
+  message(FATAL_ERROR "${CLANG_FORMAT} is not clang-format 14 (${version}); "
+    "use .deps/torch-2.13.0/bin/clang-format (pip install clang-format==14.0.6)")
+endif()
 file(GLOB_RECURSE files RELATIVE "${ROOT}"
   "${ROOT}/include/*.h" "${ROOT}/src/*.h" "${ROOT}/src/*.cpp" "${ROOT}/tests/*.h"
   "${ROOT}/tests/*.cpp" "${ROOT}/examples/*.cpp" "${ROOT}/apps/*.cpp" "${ROOT}/apps/*.h"

@@ -4,7 +4,12 @@
 
 #include <torch/torch.h>
 
+#include "compat.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #include <limits>
+#include <string>
 
 namespace {
 
@@ -97,6 +102,29 @@ TEST(AtenAmpOps, UpdateScaleChecksItsArguments) {
       [&] { at::_amp_update_scale_(scale_double, tracker, torch::zeros({1}), 2.0, 0.5, 1); },
       "current_scale must be a float tensor.");
   EXPECT_EQ(scale.item<float>(), 1.0f);
+}
+
+// Which CPU kernel runs: ours below LibTorch 2.3 (ATen had none), ATen's own
+// from 2.3 on (ours must not be registered, or it would replace ATen's). The
+// dispatcher names the file that registered each kernel.
+TEST(AtenAmpOps, OursAreRegisteredOnlyWhereAtenHasNone) {
+  for (const char* name :
+       {"aten::_amp_foreach_non_finite_check_and_unscale_", "aten::_amp_update_scale_"}) {
+    auto op = c10::Dispatcher::singleton().findSchema({name, ""});
+    ASSERT_TRUE(op.has_value()) << name;
+    const std::string table = op->dumpComputedTable();
+    std::string cpu_line;
+    for (size_t pos = 0, end; pos < table.size(); pos = end + 1) {
+      end = table.find('\n', pos);
+      end = end == std::string::npos ? table.size() : end;
+      if (table.compare(pos, 4, "CPU:") == 0) {
+        cpu_line = table.substr(pos, end - pos);
+      }
+    }
+    ASSERT_FALSE(cpu_line.empty()) << name << "\n" << table;
+    const bool ours = cpu_line.find("aten_amp_ops_cpu.cpp") != std::string::npos;
+    EXPECT_EQ(ours, !torchamp::compat::kAtenHasCpuAmpKernels) << name << ": " << cpu_line;
+  }
 }
 
 }  // namespace

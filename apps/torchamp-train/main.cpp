@@ -8,6 +8,8 @@
 #include "data.h"
 #include "train.h"
 
+#include <torch/version.h>
+
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
@@ -249,6 +251,11 @@ int main(int argc, char** argv) {
               << " test images from " << data_path << "; " << config.epochs << " epochs, batch "
               << config.batch_size << ", lr " << config.lr << ", seed " << config.seed
               << "; output in " << out.string() << "\n";
+    std::cout << "LibTorch " << TORCH_VERSION << ": the fp16 modes "
+              << (cpu_fp16_autocast() ? "run under CPU float16 autocast (matmuls in float16)"
+                                      : "store activations in float16 between layers (no CPU "
+                                        "float16 autocast before LibTorch 2.2)")
+              << "\n";
 
     ProgressPrinter printer(isatty(STDOUT_FILENO) != 0, config.epochs);
     std::vector<ModeResult> results;

@@ -13,26 +13,28 @@ namespace {
 constexpr int64_t kHidden = 128;
 constexpr int kHiddenLayers = 3;
 
-// How many of a gradient's non-zero entries float16 flushes to zero, and how
-// many it makes subnormal (below 2^-14, float16's smallest normal).
+// How many of a gradient's entries are zero in float16 (underflowed: "flushed"),
+// and how many are subnormal there (below 2^-14, float16's smallest normal),
+// out of all entries. For a float32 or bfloat16 gradient this is what float16
+// would do to it; for a float16 one (real float16 autocast) what it did.
 struct Underflow {
-  int64_t nonzero = 0, flushed = 0, subnormal = 0;
+  int64_t total = 0, flushed = 0, subnormal = 0;
   void add(const at::Tensor& grad) {
-    const at::Tensor g = grad.detach().to(at::kFloat);
-    const at::Tensor h = g.to(at::kHalf).to(at::kFloat);
-    const at::Tensor nz = g.ne(0);
-    nonzero += nz.sum().item<int64_t>();
-    flushed += nz.logical_and(h.eq(0)).sum().item<int64_t>();
+    const at::Tensor h = grad.detach().to(at::kHalf).to(at::kFloat);
+    total += h.numel();
+    flushed += h.eq(0).sum().item<int64_t>();
     subnormal += h.ne(0).logical_and(h.abs().lt(6.103515625e-05)).sum().item<int64_t>();
   }
   double fraction(int64_t n) const {
-    return nonzero == 0 ? 0.0 : static_cast<double>(n) / static_cast<double>(nonzero);
+    return total == 0 ? 0.0 : static_cast<double>(n) / static_cast<double>(total);
   }
 };
 
-// An MLP 64 -> 128 -> 128 -> 128 -> 10 with tanh. In the fp16 modes every
-// activation is stored in float16 between layers, so the activation
-// gradients flowing back through it are float16, as in fp16 training.
+// An MLP 64 -> 128 -> 128 -> 128 -> 10 with tanh. In the fp16 modes on a
+// LibTorch without CPU float16 autocast (< 2.2) every activation is stored in
+// float16 between layers, so the activation gradients flowing back through it
+// are float16, as in fp16 training; from 2.2 on the fp16 modes run under real
+// float16 autocast instead (matmuls in float16).
 struct Net : torch::nn::Module {
   Net() {
     int64_t in = 64;
@@ -71,6 +73,10 @@ bool cuda_present() {
 
 }  // namespace
 
+bool cpu_fp16_autocast() {
+  return torchamp::autocast::is_supported(torch::kCPU, torch::kHalf);
+}
+
 std::vector<std::string> known_modes() {
   return {"fp32", "fp16", "fp16+scaler", "bf16+scaler", "cuda-fp16+scaler"};
 }
@@ -86,7 +92,9 @@ std::vector<std::string> available_modes() {
 ModeResult train_mode(const std::string& mode, const Dataset& train, const Dataset& test,
                       const Config& config, const Progress& progress) {
   const auto start = std::chrono::steady_clock::now();
-  const bool half_storage = mode == "fp16" || mode == "fp16+scaler";
+  const bool fp16 = mode == "fp16" || mode == "fp16+scaler";
+  const bool fp16_autocast = fp16 && cpu_fp16_autocast();
+  const bool half_storage = fp16 && !fp16_autocast;
   const bool cuda = mode == "cuda-fp16+scaler";
   const bool autocast_bf16 = mode == "bf16+scaler";
   const torch::Device device = cuda ? torch::kCUDA : torch::kCPU;
@@ -122,10 +130,13 @@ ModeResult train_mode(const std::string& mode, const Dataset& train, const Datas
       Underflow stats;
       at::Tensor logits;
       {
-        // bf16+scaler: CPU autocast (bfloat16); cuda: CUDA autocast (float16).
+        // bf16+scaler: CPU autocast (bfloat16); fp16 modes on LibTorch >= 2.2:
+        // CPU autocast (float16); cuda: CUDA autocast (float16).
         std::optional<torchamp::autocast> guard;
         if (autocast_bf16) {
           guard.emplace(torch::kCPU);
+        } else if (fp16_autocast) {
+          guard.emplace(torch::kCPU, torch::kHalf);
         } else if (cuda) {
           guard.emplace(torch::kCUDA);
         }
@@ -139,7 +150,7 @@ ModeResult train_mode(const std::string& mode, const Dataset& train, const Datas
       if (result.scaled) {
         scaler.update();
       }
-      overall.nonzero += stats.nonzero;
+      overall.total += stats.total;
       overall.flushed += stats.flushed;
       overall.subnormal += stats.subnormal;
       StepRecord rec{step,

@@ -28,8 +28,8 @@ struct StepRecord {
   double loss;       // the batch's (unscaled) loss
   double scale;      // the scale after update(); 1 without a scaler
   int64_t skipped;   // steps skipped so far
-  double underflow;  // of this step's non-zero activation-gradient entries: flushed to 0 by fp16
-  double subnormal;  // ... and made subnormal by fp16
+  double underflow;  // of this step's activation-gradient entries: zero in float16
+  double subnormal;  // ... and subnormal in float16
 };
 
 struct ModeResult {
@@ -44,6 +44,10 @@ struct ModeResult {
   double subnormal = 0;
   double seconds = 0;
 };
+
+/// Whether the fp16 modes run under real CPU float16 autocast (LibTorch >=
+/// 2.2); otherwise they store activations in float16 between layers.
+bool cpu_fp16_autocast();
 
 /// Called after every step: (mode, record, total steps).
 using Progress = std::function<void(const std::string&, const StepRecord&, int64_t)>;

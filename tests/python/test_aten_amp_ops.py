@@ -1,11 +1,15 @@
-"""Python's torch (Debian's python3-torch) loads libtorchamp and then ATen's
-AMP ops work on CPU tensors. Run: python3 test_aten_amp_ops.py LIBTORCHAMP.so"""
+"""Python's torch (of the LibTorch version under test) loads libtorchamp and
+then ATen's AMP ops work on CPU tensors: below 2.3 through torchamp's kernels,
+from 2.3 on through ATen's own (torchamp registers none there).
+Run: python3 test_aten_amp_ops.py LIBTORCHAMP.so"""
+import os
 import sys
 import unittest
 
 import torch
 
 LIB = sys.argv.pop(1)
+TORCH_MINOR = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
 
 class AtenAmpOpsFromPython(unittest.TestCase):
@@ -37,6 +41,13 @@ class AtenAmpOpsFromPython(unittest.TestCase):
             self.assertEqual(found.item(), 1.0)
             self.assertEqual(grads[0][0].item(), 0.5)
 
+    def test_the_cpu_kernel_is_ours_only_below_2_3(self):
+        for op in ("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_"):
+            table = torch._C._dispatch_dump_table("aten::" + op)
+            cpu = [line for line in table.splitlines() if line.startswith("CPU:")]
+            self.assertEqual(len(cpu), 1, table)
+            self.assertEqual("aten_amp_ops_cpu.cpp" in cpu[0], TORCH_MINOR < (2, 3), cpu[0])
+
     def test_update_scale(self):
         scale = torch.full((1,), 8.0)
         tracker = torch.zeros(1, dtype=torch.int32)
@@ -54,4 +65,8 @@ class AtenAmpOpsFromPython(unittest.TestCase):
 
 
 if __name__ == "__main__":
+    expected = os.environ.get("TORCHAMP_LIBTORCH_VERSION")
+    # Major.minor: Debian's python3-torch says 1.13.0a0 where its LibTorch says 1.13.0.
+    assert not expected or TORCH_MINOR == tuple(int(x) for x in expected.split(".")[:2]), (
+        "Python torch", torch.__version__, "is not the LibTorch under test", expected)
     unittest.main()

@@ -2,11 +2,13 @@
 
 Run: python3 test_checkpoint_interop.py CHECKPOINT_TOOL CHECKPOINT_EXAMPLE WORKDIR
 
-Python's torch.cuda.amp.GradScaler disables itself on a machine without CUDA
+Before 2.3, Python's torch.cuda.amp.GradScaler disables itself on a machine without CUDA
 (amp_definitely_not_available()). Nothing it does in load_state_dict,
 state_dict or the getters needs CUDA, so the test constructs it enabled by
 patching that one availability check while constructing; every method used
-afterwards is the unmodified PyTorch code.
+afterwards is the unmodified PyTorch code. From 2.3 on the test uses
+torch.amp.GradScaler("cpu") as it is. The Python torch must be the version of
+the LibTorch under test (TORCHAMP_LIBTORCH_VERSION).
 """
 import os
 import subprocess
@@ -15,15 +17,21 @@ import unittest
 from unittest import mock
 
 import torch
-import torch.cuda.amp.grad_scaler as grad_scaler_module
 
 TOOL, EXAMPLE, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 del sys.argv[1:4]
+TORCH_MINOR = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def enabled_python_scaler(**kwargs):
-    with mock.patch.object(grad_scaler_module, "amp_definitely_not_available", lambda: False):
-        scaler = torch.cuda.amp.GradScaler(**kwargs)
+    if TORCH_MINOR >= (2, 3):
+        # PyTorch 2.3+ has a real CPU GradScaler: nothing to patch.
+        scaler = torch.amp.GradScaler("cpu", **kwargs)
+    else:
+        import torch.cuda.amp.grad_scaler as grad_scaler_module
+
+        with mock.patch.object(grad_scaler_module, "amp_definitely_not_available", lambda: False):
+            scaler = torch.cuda.amp.GradScaler(**kwargs)
     assert scaler.is_enabled()
     return scaler
 
@@ -83,5 +91,9 @@ class CheckpointInterop(unittest.TestCase):
 
 
 if __name__ == "__main__":
+    expected = os.environ.get("TORCHAMP_LIBTORCH_VERSION")
+    # Major.minor: Debian's python3-torch says 1.13.0a0 where its LibTorch says 1.13.0.
+    assert not expected or TORCH_MINOR == tuple(int(x) for x in expected.split(".")[:2]), (
+        "Python torch", torch.__version__, "is not the LibTorch under test", expected)
     os.makedirs(WORK, exist_ok=True)
     unittest.main()
