@@ -12,8 +12,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
+#include <torchamp/gloo.h>
 #include <torchamp/torchamp.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cstdlib>
@@ -41,7 +41,7 @@ int main() {
   options->devices.push_back(ifname.empty()
                                  ? c10d::ProcessGroupGloo::createDefaultDevice()
                                  : c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-  auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+  auto group = torchamp::make_gloo_process_group(store, rank, world, options);
 
   torch::manual_seed(0);  // the same initial weights on every rank
   torch::nn::Sequential model(torch::nn::Linear(16, 64), torch::nn::Tanh(),

@@ -4,6 +4,9 @@
 # CMAKE_PREFIX_PATH, as a user of an installed package would.
 file(REMOVE_RECURSE "${WORK}")
 set(find_args "")
+# Where LibTorch's CMake configs are (a wheel's: Torch and the Caffe2 config it
+# loads), '|'-separated, so a LibTorch elsewhere on the system is not mixed in.
+string(REPLACE "|" ";" prefix_path "${TORCH_PREFIX_PATH}")
 if(MODE STREQUAL "build-tree")
   list(APPEND find_args "-Dtorchamp_DIR=${TORCHAMP_BUILD}")
 else()
@@ -12,13 +15,14 @@ else()
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "install failed")
   endif()
-  list(APPEND find_args "-DCMAKE_PREFIX_PATH=${WORK}/prefix")
+  list(PREPEND prefix_path "${WORK}/prefix")
 endif()
 if(LAUNCHER)
   list(APPEND find_args "-DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER}")
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE}" -B "${WORK}/build" -G "${GENERATOR}"
-  -DCMAKE_BUILD_TYPE=Release "-DTorch_DIR=${Torch_DIR}" ${find_args} RESULT_VARIABLE rc)
+  -DCMAKE_BUILD_TYPE=Release "-DTorch_DIR=${Torch_DIR}" "-DCMAKE_PREFIX_PATH=${prefix_path}"
+  ${find_args} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "configure failed")
 endif()

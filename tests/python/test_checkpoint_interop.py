@@ -10,6 +10,7 @@ afterwards is the unmodified PyTorch code. From 2.3 on the test uses
 torch.amp.GradScaler("cpu") as it is. The Python torch must be the version of
 the LibTorch under test (TORCHAMP_LIBTORCH_VERSION).
 """
+import importlib
 import os
 import subprocess
 import sys
@@ -36,6 +37,17 @@ def enabled_python_scaler(**kwargs):
     return scaler
 
 
+def load_from_cpp(path):
+    """torch.load of what torch::pickle_save wrote. LibTorch tags its dicts and
+    lists with torch.jit._pickle.restore_type_tag, which the weights_only
+    loader (the default from PyTorch 2.6) refuses unless allowed by name."""
+    if hasattr(torch.serialization, "safe_globals"):
+        tags = importlib.import_module("torch.jit._pickle")
+        with torch.serialization.safe_globals([tags.restore_type_tag]):
+            return torch.load(path)
+    return torch.load(path)
+
+
 def run_tool(*args):
     out = subprocess.run([TOOL, *args], check=True, capture_output=True, text=True).stdout
     return dict(line.split(" ", 1) for line in out.strip().splitlines())
@@ -45,7 +57,7 @@ class CheckpointInterop(unittest.TestCase):
     def test_cpp_state_dict_loads_into_python_grad_scaler(self):
         path = os.path.join(WORK, "from_cpp.pt")
         cpp = run_tool("write-state", path)
-        state = torch.load(path)
+        state = load_from_cpp(path)
         self.assertEqual(state["scale"], 1024.0)
         self.assertIsInstance(state["_growth_tracker"], int)
         scaler = enabled_python_scaler()
@@ -85,7 +97,7 @@ class CheckpointInterop(unittest.TestCase):
                              capture_output=True, text=True).stdout
         self.assertIn("loaded scale 512 growth_interval 100", out)
         back = enabled_python_scaler()
-        back.load_state_dict(torch.load(to_python))
+        back.load_state_dict(load_from_cpp(to_python))
         self.assertEqual(back.get_scale(), 512.0)
         self.assertEqual(back.get_growth_interval(), 100)
 

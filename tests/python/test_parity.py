@@ -19,6 +19,7 @@ SGD, because LibTorch's C++ SGD and Python's single-tensor SGD are the same
 ATen operations in the same order, so any difference is the scaler's. (C++
 Adam uses mul_/add_ where Python uses lerp_: not bit-identical by design.)
 """
+import importlib
 import os
 import random
 import subprocess
@@ -32,6 +33,17 @@ del sys.argv[1:3]
 SEQUENCES = int(os.environ.get("TORCHAMP_PARITY_SEQUENCES", "1000"))
 SEED = int(os.environ.get("TORCHAMP_PARITY_SEED", "0"))
 TORCH_MINOR = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def load_from_cpp(path):
+    """torch.load of what torch::pickle_save wrote. LibTorch tags its dicts and
+    lists with torch.jit._pickle.restore_type_tag, which the weights_only
+    loader (the default from PyTorch 2.6) refuses unless allowed by name."""
+    if hasattr(torch.serialization, "safe_globals"):
+        tags = importlib.import_module("torch.jit._pickle")
+        with torch.serialization.safe_globals([tags.restore_type_tag]):
+            return torch.load(path)
+    return torch.load(path)
 
 
 def make_sequence(rng):
@@ -157,7 +169,7 @@ class ParityWithPyTorch(unittest.TestCase):
         out = os.path.join(WORK, "parity_cpp.pt")
         torch.save({"sequences": sequences}, spec)
         subprocess.run([TOOL, spec, out], check=True)
-        cpp = torch.load(out)["traces"]
+        cpp = load_from_cpp(out)["traces"]
         self.assertEqual(len(cpp), len(sequences))
 
         steps = skipped = grown = backed_off = reloads = tensors = 0

@@ -5,8 +5,8 @@
 //   dist_worker SCENARIO RANK WORLD STORE_FILE OUT_FILE
 #include "dist_scenarios.h"
 
+#include <torchamp/gloo.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 int main(int argc, char** argv) {
   if (argc != 6) {
@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
     auto store = c10::make_intrusive<c10d::FileStore>(store_file, world);
     auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(5000));
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+    return torchamp::make_gloo_process_group(store, rank, world, options);
   };
   return torchamp_dist::run_scenario(argv[1], rank, world, make_group, argv[5]);
 }
