@@ -77,9 +77,13 @@ torchamp_wheel_venv() {
   echo "$venv"
 }
 
-# The CMake prefix (share/cmake) of the LibTorch inside a venv's torch wheel.
+# The LibTorch inside a venv's torch wheel, as a CMake prefix: the torch/
+# folder itself (CMake finds share/cmake/Torch under it, and looks for the
+# libraries in its lib/ first). Not torch.utils.cmake_prefix_path
+# (torch/share/cmake): with that, TorchConfig's find_library calls search the
+# system first and mix in Debian's libc10 when libtorch-dev is installed.
 torchamp_wheel_prefix() {
-  "$1/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)'
+  "$1/bin/python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null
 }
 
 torchamp_build() {

@@ -6,6 +6,7 @@
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/isfinite.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
@@ -81,9 +82,11 @@ at::Tensor GradScaler::scale(const at::Tensor& output) {
   if (!is_enabled()) {
     return output;
   }
-  // A scalar keeps the output's dtype and device: no host-device copy, and the
-  // scaled loss has the loss's shape (Python's 1-element tensor broadcasts).
-  return output.mul(static_cast<double>(schedule_.scale()));
+  // Python multiplies by its 0-dim float32 scale tensor. A 0-dim CPU tensor
+  // does the same on any device (ATen reads it as a scalar, in float32 for
+  // reduced-precision outputs); a C++ Scalar would round the scale to a
+  // bfloat16/float16 output's dtype first.
+  return output.mul(at::scalar_tensor(schedule_.scale(), at::TensorOptions().dtype(at::kFloat)));
 }
 
 std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs) {

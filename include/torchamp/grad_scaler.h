@@ -109,8 +109,13 @@ class GradScaler {
   /// out of range, also when `enabled` is false.
   explicit GradScaler(GradScalerOptions options = {});
 
-  /// `output * scale` with `output`'s dtype and device (the scale is applied
-  /// as a scalar; no host-device copy). Disabled: returns `output` itself.
+  /// `output * scale`, exactly Python's: the scale is a 0-dim float32 tensor
+  /// (a CPU scalar to ATen, so no host-device copy for a CUDA output), with
+  /// ATen's type promotion. A tensor with dimensions keeps its dtype (on
+  /// LibTorch 2.13 a bfloat16 one is multiplied by the float32 scale itself
+  /// and rounded once, where a C++ Scalar would round the scale to bfloat16
+  /// first); a 0-dim float16/bfloat16 loss comes back float32, as in Python.
+  /// Disabled: returns `output` itself.
   /// Throws `c10::ValueError` for an undefined tensor, enabled or not.
   at::Tensor scale(const at::Tensor& output);
 

@@ -11,13 +11,19 @@ gradients absent, unscale_ before step for some optimizers, some optimizers
 not stepped, update() or update(new_scale), and state_dict/load_state_dict
 into a fresh scaler midway. Python's GradScaler runs each sequence here;
 tests/tools/parity_tool.cpp runs the same sequences through
-torchamp::GradScaler and LibTorch's torch::optim::SGD. After every step the
-two must agree bit for bit: the scale, the growth tracker, which optimizers
-stepped, every gradient (as unscaled) and every parameter.
+torchamp::GradScaler and an SGD that performs torch.optim.SGD's single-tensor
+operations in C++ (a torch::optim::SGD subclass). After every step the two
+must agree bit for bit: the scale, the growth tracker, which optimizers
+stepped, every gradient (as unscaled) and every parameter, with one
+exception: the bit pattern of a NaN. ATen's own CPU kernels write a bfloat16
+NaN as 0xFFFF in their vectorised body and 0x7FC0 in their scalar tail (so
+PyTorch's result depends on the element's position and the machine's vector
+width); torchamp writes 0x7FC0. NaNs must be in the same places; the test
+counts payload differences and prints the count.
 
-SGD, because LibTorch's C++ SGD and Python's single-tensor SGD are the same
-ATen operations in the same order, so any difference is the scaler's. (C++
-Adam uses mul_/add_ where Python uses lerp_: not bit-identical by design.)
+Not LibTorch's own C++ SGD: its bfloat16 update rounds differently from
+Python's in the last bit (this test found it), and its Adam uses mul_/add_
+where Python uses lerp_; the scaler is what is compared here.
 """
 import importlib
 import os
@@ -172,7 +178,7 @@ class ParityWithPyTorch(unittest.TestCase):
         cpp = load_from_cpp(out)["traces"]
         self.assertEqual(len(cpp), len(sequences))
 
-        steps = skipped = grown = backed_off = reloads = tensors = 0
+        steps = skipped = grown = backed_off = reloads = tensors = nan_payloads = 0
         for s, (seq, theirs) in enumerate(zip(sequences, cpp)):
             ours_py = run_python(seq)
             self.assertEqual(len(theirs), len(ours_py), f"sequence {s}")
@@ -190,8 +196,11 @@ class ParityWithPyTorch(unittest.TestCase):
                                 self.assertTrue(a is None and b is None, what)
                                 continue
                             self.assertEqual(a.dtype, b.dtype, what)
-                            self.assertTrue(torch.equal(bits(a), bits(b)),
+                            nan = torch.isnan(a)
+                            self.assertTrue(torch.equal(nan, torch.isnan(b)), f"{what}: NaN places")
+                            self.assertTrue(torch.equal(bits(a)[~nan], bits(b)[~nan]),
                                             f"{what}: python {a} torchamp {b}")
+                            nan_payloads += int((bits(a)[nan] != bits(b)[nan]).sum())
                             tensors += 1
                 steps += 1
                 skipped += py["stepped"].count(False)
@@ -202,7 +211,8 @@ class ParityWithPyTorch(unittest.TestCase):
                 prev_scale = py["scale"]
         print(f"parity: {len(sequences)} sequences, {steps} steps, {skipped} skipped optimizer "
               f"steps, {grown} growths, {backed_off} backoffs, {reloads} reloads, {tensors} "
-              f"tensors compared bit for bit: no difference")
+              f"tensors compared bit for bit: no difference (NaN payloads aside: {nan_payloads} "
+              f"NaN elements with another bit pattern)")
         # The sequences exercise what they claim to.
         self.assertGreater(skipped, 0)
         self.assertGreater(grown, 0)

@@ -49,8 +49,8 @@ inline std::string state_line(const torchamp::GradScaler& s) {
 }
 
 // agree / clean: each rank has its own data, so its own gradients.
-inline int agree(const std::string& scenario, int rank, int world, const GroupFactory& make_group,
-                 std::ofstream& out) {
+inline int agree(const std::string& scenario, int rank, int /*world*/,
+                 const GroupFactory& make_group, std::ofstream& out) {
   auto group = make_group();
   torch::manual_seed(0);
   torch::nn::Linear model(4, 2);
@@ -150,7 +150,8 @@ inline int sharded(bool single, int rank, int world, const GroupFactory& make_gr
   return 0;
 }
 
-inline int exit_mid_step(int rank, int world, const GroupFactory& make_group, std::ofstream& out) {
+inline int exit_mid_step(int rank, int /*world*/, const GroupFactory& make_group,
+                         std::ofstream& out) {
   auto group = make_group();
   torch::manual_seed(0);
   torch::nn::Linear model(4, 2);

@@ -1,5 +1,6 @@
 // Replays tests/python/test_parity.py's random sequences through
-// torchamp::GradScaler and LibTorch's torch::optim::SGD, and writes the trace
+// torchamp::GradScaler and an SGD that runs Python's torch.optim.SGD
+// operations (see PythonSGD), and writes the trace
 // after every step (scale, growth tracker, skip decisions, gradients,
 // parameters) for the Python side to compare with PyTorch's GradScaler.
 //
@@ -9,6 +10,8 @@
 // torch::pickle_save({"traces": [[step, ...], ...]}), which torch.load reads.
 #include <torchamp/grad_scaler.h>
 
+#include <ATen/ScalarOps.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
@@ -17,6 +20,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -34,6 +38,57 @@ const IValue& at_key(const Dict& d, const char* key) {
 double num(const IValue& v) {
   return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
 }
+
+// A Python float as Python's argument parser passes it to a Tensor op: a
+// wrapped-number 0-dim double tensor. On a bfloat16 tensor, `t.mul_(0.9)` in
+// C++ (the Scalar overload) first rounds 0.9 to bfloat16; Python's
+// `t.mul_(0.9)` multiplies by 0.9 in float32 and rounds once.
+at::Tensor py_float(double v) {
+  at::Tensor t = c10::scalar_to_tensor(at::Scalar(v));
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+// torch.optim.SGD's single-tensor step (what PyTorch runs on CPU tensors), op
+// for op, so that parameters can be compared bit for bit and any difference
+// is the scaler's. LibTorch's own C++ SGD is not that on bfloat16 parameters:
+// its momentum update `buf.mul_(momentum)` rounds the momentum to bfloat16
+// first (see py_float; found by this test).
+class PythonSGD : public torch::optim::SGD {
+ public:
+  using torch::optim::SGD::SGD;
+
+  at::Tensor step(LossClosure closure = nullptr) override {
+    TORCH_CHECK(!closure, "PythonSGD: no closure");
+    at::NoGradGuard no_grad;
+    for (auto& group : param_groups()) {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+      for (auto& param : group.params()) {
+        if (!param.grad().defined()) {
+          continue;
+        }
+        at::Tensor grad = param.grad();
+        if (o.weight_decay() != 0) {
+          grad = grad.add(param, o.weight_decay());
+        }
+        if (o.momentum() != 0) {
+          auto it = buffers_.find(param.unsafeGetTensorImpl());
+          if (it == buffers_.end()) {
+            it = buffers_.emplace(param.unsafeGetTensorImpl(), grad.detach().clone()).first;
+          } else {
+            it->second.mul_(py_float(o.momentum())).add_(grad, 1 - o.dampening());
+          }
+          grad = o.nesterov() ? grad.add(it->second, o.momentum()) : it->second;
+        }
+        param.add_(grad, -o.lr());
+      }
+    }
+    return {};
+  }
+
+ private:
+  std::unordered_map<const void*, at::Tensor> buffers_;
+};
 
 Dict new_dict() {
   return Dict(c10::StringType::get(), c10::AnyType::get());
@@ -70,19 +125,19 @@ List run(const Dict& seq) {
   const List opt_cfgs = at_key(seq, "opts").toList();
   const List init = at_key(seq, "params").toList();
   std::vector<std::vector<at::Tensor>> params;
-  std::vector<std::unique_ptr<torch::optim::SGD>> opts;
+  std::vector<std::unique_ptr<PythonSGD>> opts;
   for (size_t o = 0; o < init.size(); ++o) {
     std::vector<at::Tensor> group;
     for (const IValue& p : init.get(o).toList()) {
       group.push_back(p.toTensor().clone().set_requires_grad(true));
     }
     const Dict oc = opt_cfgs.get(o).toGenericDict();
-    opts.push_back(std::make_unique<torch::optim::SGD>(
-        group, torch::optim::SGDOptions(num(at_key(oc, "lr")))
-                   .momentum(num(at_key(oc, "momentum")))
-                   .dampening(num(at_key(oc, "dampening")))
-                   .weight_decay(num(at_key(oc, "weight_decay")))
-                   .nesterov(at_key(oc, "nesterov").toBool())));
+    opts.push_back(
+        std::make_unique<PythonSGD>(group, torch::optim::SGDOptions(num(at_key(oc, "lr")))
+                                               .momentum(num(at_key(oc, "momentum")))
+                                               .dampening(num(at_key(oc, "dampening")))
+                                               .weight_decay(num(at_key(oc, "weight_decay")))
+                                               .nesterov(at_key(oc, "nesterov").toBool())));
     params.push_back(std::move(group));
   }
 
