@@ -173,10 +173,11 @@ bool plot(const fs::path& out, const std::vector<ModeResult>& results) {
   if (!any) {
     script << "0 notitle";
   }
-  script << "\nset output '" << (out / "underflow.png").string() << "'\n"
-         << "set title 'Activation gradients float16 flushes to zero (fp32/bf16: would flush)'\n"
-         << "set ylabel 'fraction of non-zero entries'\nunset logscale y\nset format y '%.0f%%'\n"
-         << "plot ";
+  script
+      << "\nset output '" << (out / "underflow.png").string() << "'\n"
+      << "set title 'Activation-gradient entries that are zero in float16 (fp32/bf16: would be)'\n"
+      << "set ylabel 'share of all entries'\nunset logscale y\nset format y '%.0f%%'\n"
+      << "plot ";
   for (size_t i = 0; i < results.size(); ++i) {
     script << (i ? ", " : "") << "'" << data.string() << "' index " << i
            << " using 1:($4*100) with lines lw 1.5 title '" << results[i].mode << "'";
