@@ -1,9 +1,10 @@
 # Fails if clang-format would change any C++ file of the repository. The
 # repository is formatted with clang-format 14; other majors format differently.
-execute_process(COMMAND "${CLANG_FORMAT}" --version OUTPUT_VARIABLE version)
+execute_process(COMMAND "${CLANG_FORMAT}" --version OUTPUT_VARIABLE version
+  ERROR_VARIABLE version_err RESULT_VARIABLE version_rc)
 if(NOT version MATCHES "version 14\\.")
-  message(FATAL_ERROR "${CLANG_FORMAT} is not clang-format 14 (${version}); "
-    "use .deps/torch-2.13.0/bin/clang-format (pip install clang-format==14.0.6)")
+  message(FATAL_ERROR "${CLANG_FORMAT} is not clang-format 14 (exit ${version_rc}: ${version}${version_err}); "
+    "use the clang-format 14 that scripts/test installs with pip (clang-format==14.0.6)")
 endif()
 file(GLOB_RECURSE files RELATIVE "${ROOT}"
   "${ROOT}/include/*.h" "${ROOT}/src/*.h" "${ROOT}/src/*.cpp" "${ROOT}/tests/*.h"

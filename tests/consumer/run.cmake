@@ -17,6 +17,11 @@ else()
   endif()
   list(PREPEND prefix_path "${WORK}/prefix")
 endif()
+# A CUDA LibTorch's config needs the toolkit that this build was configured with.
+if(CUDA_ROOT)
+  list(APPEND find_args "-DCUDA_TOOLKIT_ROOT_DIR=${CUDA_ROOT}" "-DCUDAToolkit_ROOT=${CUDA_ROOT}"
+       "-DCMAKE_CUDA_COMPILER=${CUDA_ROOT}/bin/nvcc")
+endif()
 if(LAUNCHER)
   list(APPEND find_args "-DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER}")
 endif()

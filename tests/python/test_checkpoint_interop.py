@@ -10,7 +10,6 @@ afterwards is the unmodified PyTorch code. From 2.3 on the test uses
 torch.amp.GradScaler("cpu") as it is. The Python torch must be the version of
 the LibTorch under test (TORCHAMP_LIBTORCH_VERSION).
 """
-import importlib
 import os
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import unittest
 from unittest import mock
 
 import torch
+
+from interop_util import load_from_cpp
 
 TOOL, EXAMPLE, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 del sys.argv[1:4]
@@ -35,17 +36,6 @@ def enabled_python_scaler(**kwargs):
             scaler = torch.cuda.amp.GradScaler(**kwargs)
     assert scaler.is_enabled()
     return scaler
-
-
-def load_from_cpp(path):
-    """torch.load of what torch::pickle_save wrote. LibTorch tags its dicts and
-    lists with torch.jit._pickle.restore_type_tag, which the weights_only
-    loader (the default from PyTorch 2.6) refuses unless allowed by name."""
-    if hasattr(torch.serialization, "safe_globals"):
-        tags = importlib.import_module("torch.jit._pickle")
-        with torch.serialization.safe_globals([tags.restore_type_tag]):
-            return torch.load(path)
-    return torch.load(path)
 
 
 def run_tool(*args):

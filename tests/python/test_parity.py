@@ -25,7 +25,6 @@ Not LibTorch's own C++ SGD: its bfloat16 update rounds differently from
 Python's in the last bit (this test found it), and its Adam uses mul_/add_
 where Python uses lerp_; the scaler is what is compared here.
 """
-import importlib
 import os
 import random
 import subprocess
@@ -34,22 +33,13 @@ import unittest
 
 import torch
 
+from interop_util import load_from_cpp
+
 TOOL, WORK = sys.argv[1], sys.argv[2]
 del sys.argv[1:3]
 SEQUENCES = int(os.environ.get("TORCHAMP_PARITY_SEQUENCES", "1000"))
 SEED = int(os.environ.get("TORCHAMP_PARITY_SEED", "0"))
 TORCH_MINOR = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-
-
-def load_from_cpp(path):
-    """torch.load of what torch::pickle_save wrote. LibTorch tags its dicts and
-    lists with torch.jit._pickle.restore_type_tag, which the weights_only
-    loader (the default from PyTorch 2.6) refuses unless allowed by name."""
-    if hasattr(torch.serialization, "safe_globals"):
-        tags = importlib.import_module("torch.jit._pickle")
-        with torch.serialization.safe_globals([tags.restore_type_tag]):
-            return torch.load(path)
-    return torch.load(path)
 
 
 def make_sequence(rng):
