@@ -166,6 +166,14 @@ void bm_ours_unscale(benchmark::State& state, const Case& c, at::ScalarType dtyp
   state.SetBytesProcessed(state.iterations() * bytes_of(grads) * 2);
 }
 
+// The same with the portable bfloat16 loop forced (the AVX-512 BF16 one is
+// the default where the CPU has it).
+void bm_ours_unscale_portable(benchmark::State& state, const Case& c, at::ScalarType dtype) {
+  torchamp::kernels::force_portable_bf16(true);
+  bm_ours_unscale(state, c, dtype);
+  torchamp::kernels::force_portable_bf16(false);
+}
+
 void bm_aten_unscale(benchmark::State& state, const Case& c, at::ScalarType dtype) {
   auto& grads = make_grads(c, dtype);
   auto found = torch::zeros({1});
@@ -353,6 +361,11 @@ int main(int argc, char** argv) {
           ->UseRealTime();
       benchmark::RegisterBenchmark(("ours_check" + suffix).c_str(), bm_ours_check, c, d.type)
           ->UseRealTime();
+      if (d.type == at::kBFloat16) {
+        benchmark::RegisterBenchmark(("ours_unscale_portable" + suffix).c_str(),
+                                     bm_ours_unscale_portable, c, d.type)
+            ->UseRealTime();
+      }
       if (torchamp::compat::kAtenHasCpuAmpKernels) {
         benchmark::RegisterBenchmark(("aten_unscale" + suffix).c_str(), bm_aten_unscale, c, d.type)
             ->UseRealTime();
@@ -399,6 +412,15 @@ int main(int argc, char** argv) {
           at::get_num_threads());
     }
   }
+  std::printf("\nbfloat16 unscale loop: %s; the portable loop on the same buffers:",
+              torchamp::kernels::bf16_unscale_path());
+  for (const auto& c : kCases) {
+    const std::string key = std::string("ours_unscale_portable/") + c.name + "/bfloat16";
+    if (collector.gbps.count(key)) {
+      std::printf(" %s %.1f GB/s;", c.name, collector.gbps[key]);
+    }
+  }
+  std::printf("\n");
   training_tax();
   benchmark::Shutdown();
   return 0;

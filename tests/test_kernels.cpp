@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 namespace {
@@ -128,6 +129,44 @@ TEST_P(KernelDtype, NonContiguousTensorsAreWrittenBack) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, KernelDtype,
                          ::testing::Values(at::kFloat, at::kDouble, at::kBFloat16),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+// bfloat16 has two loops, AVX-512 BF16 (where the CPU has it) and portable:
+// the same bits, flags and per-tensor flags from both, on values whose
+// products are subnormal (the instruction would flush them), NaNs with
+// payloads (it would keep them), infinities, and lengths around the vector
+// width. Where the CPU lacks AVX-512 BF16 both runs take the portable loop.
+TEST(Kernel, Bfloat16FastAndPortableLoopsAgreeBitForBit) {
+  RecordProperty("bf16_unscale_path", torchamp::kernels::bf16_unscale_path());
+  const std::vector<int64_t> sizes = {1, 15, 16, 17, 31, 33, 1000, 32768 + 5, 100003};
+  for (float inv : {1.0f / 65536, 1.0f / 3, 3.0e-39f, 1.0e30f}) {
+    std::vector<at::Tensor> fast, portable, expected;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      auto t = random_values(sizes[i], at::kBFloat16, 1000 + static_cast<int64_t>(i));
+      auto bits = t.view(at::kShort);
+      const int16_t specials[] = {
+          0x7f80, -128 /* 0xff80: -inf */, 0x7fc1, -1 /* 0xffff */, 0x7f81, 0x0001,
+          -32767 /* 0x8001 */};
+      for (int64_t k = 0; k < static_cast<int64_t>(std::size(specials)) && k < sizes[i]; ++k) {
+        bits[(k * 7919) % sizes[i]] = specials[k];
+      }
+      expected.push_back(reference(t, inv));
+      fast.push_back(t);
+      portable.push_back(t.clone());
+    }
+    std::vector<uint8_t> fast_flags, portable_flags;
+    const bool fast_found = unscale_cpu_(fast, inv, &fast_flags);
+    torchamp::kernels::force_portable_bf16(true);
+    const bool portable_found = unscale_cpu_(portable, inv, &portable_flags);
+    torchamp::kernels::force_portable_bf16(false);
+    EXPECT_STRNE(torchamp::kernels::bf16_unscale_path(), "");
+    EXPECT_EQ(fast_found, portable_found);
+    EXPECT_EQ(fast_flags, portable_flags);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_TRUE(bitwise_equal(fast[i], portable[i])) << "size " << sizes[i] << " inv " << inv;
+      EXPECT_TRUE(bitwise_equal(portable[i], expected[i])) << "size " << sizes[i];
+    }
+  }
+}
 
 TEST(Kernel, NothingIsWrittenWhenInvScaleIsOne) {
   auto t = torch::tensor({1.0f, std::numeric_limits<float>::infinity()});

@@ -47,6 +47,13 @@ bool cpu_supports(at::ScalarType dtype);
 bool unscale_cpu_(c10::ArrayRef<at::Tensor> tensors, float inv_scale,
                   std::vector<uint8_t>* per_tensor_found = nullptr);
 
+/// The loop `unscale_cpu_` runs for bfloat16: "avx512-bf16" where the CPU and
+/// OS have AVX-512 BF16 (VCVTNEPS2BF16), else "portable". Both give identical
+/// bits. The environment variable TORCHAMP_PORTABLE_KERNELS (any value) or
+/// `force_portable_bf16(true)` (tests, benchmarks) picks the portable one.
+const char* bf16_unscale_path();
+void force_portable_bf16(bool on);
+
 /// Read-only variant: whether any element of any tensor is inf or NaN.
 bool check_cpu(c10::ArrayRef<at::Tensor> tensors, std::vector<uint8_t>* per_tensor_found = nullptr);
 

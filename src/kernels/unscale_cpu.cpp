@@ -1,6 +1,7 @@
 // CPU kernels: one read (and at most one write) per element, vectorised by the
 // compiler (this file is built with -O3; the span loops are cloned for AVX2
-// and AVX-512 and picked at load time), parallel across and within tensors.
+// and picked at load time; bfloat16 unscaling has an AVX-512 BF16 loop picked
+// at run time), parallel across and within tensors.
 //
 // The non-finite test is a running maximum of |bits|: an element is inf/NaN
 // iff its magnitude bits are >= the all-ones exponent, and an unsigned max
@@ -14,8 +15,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
 
 namespace torchamp {
 namespace kernels {
@@ -88,6 +95,98 @@ bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
   return mag >= kF32ExpMask;
 }
 
+// bfloat16 with AVX-512 BF16 (VCVTNEPS2BF16 rounds 16 floats to bfloat16 in one
+// instruction), picked at run time where the CPU and OS have it. The
+// instruction rounds to nearest even like c10::BFloat16, but it flushes
+// subnormal results to zero and keeps a NaN's payload; a vector holding either
+// is rounded with the exact integer formula instead (AVX-512F), so the result
+// is bit-identical to the portable loop above on every input.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define TORCHAMP_X86_BF16 1
+
+bool cpu_has_avx512_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0 || (b & (1u << 16)) == 0 || a < 1) {
+    return false;  // no AVX512F, or no leaf 7 subleaf 1
+  }
+  __get_cpuid_count(7, 1, &a, &b, &c, &d);
+  if ((a & (1u << 5)) == 0) {
+    return false;  // no AVX512_BF16
+  }
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0 || (c & (1u << 27)) == 0) {
+    return false;  // no OSXSAVE: cannot ask the OS
+  }
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 0xe6u) == 0xe6u;  // the OS saves SSE, AVX and all AVX-512 state
+}
+
+// GCC 12's AVX-512 intrinsics start some vectors from _mm512_undefined_*(),
+// which -Wall reports as uninitialised inside its own header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+__attribute__((target("avx512f,avx512bf16"))) bool unscale_span_avx512_bf16(uint16_t* p, int64_t n,
+                                                                            float inv) {
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i exp_mask = _mm512_set1_epi32(static_cast<int>(kF32ExpMask));
+  const __m512i min_normal = _mm512_set1_epi32(0x00800000);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i bias = _mm512_set1_epi32(0x7fff);
+  const __m512i bf16_nan = _mm512_set1_epi32(0x7fc0);
+  __m512i mag = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i));
+    const __m512i in = _mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
+    mag = _mm512_max_epu32(mag, _mm512_and_si512(in, abs_mask));
+    const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(in), vinv);
+    const __m512i vb = _mm512_castps_si512(v);
+    const __m512i va = _mm512_and_si512(vb, abs_mask);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(va, exp_mask);
+    const __mmask16 subnormal =
+        _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(va, va), va, min_normal);
+    __m256i out;
+    if ((nan | subnormal) == 0) {
+      const __m256bh r = _mm512_cvtneps_pbh(v);
+      std::memcpy(&out, &r, sizeof out);
+    } else {  // exact: (b + 0x7fff + ((b >> 16) & 1)) >> 16, NaN -> 0x7FC0
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(vb, 16), one);
+      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(vb, _mm512_add_epi32(lsb, bias)), 16);
+      r = _mm512_mask_mov_epi32(r, nan, bf16_nan);
+      out = _mm512_cvtepi32_epi16(r);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + i), out);
+  }
+  uint32_t m = _mm512_reduce_max_epu32(mag);
+  for (; i < n; ++i) {
+    const uint32_t b = static_cast<uint32_t>(p[i]) << 16;
+    m = std::max(m, b & 0x7fffffffu);
+    p[i] = to_bf16(float_of(b) * inv);
+  }
+  return m >= kF32ExpMask;
+}
+#pragma GCC diagnostic pop
+
+const bool kHasAvx512Bf16 = cpu_has_avx512_bf16();
+#else
+const bool kHasAvx512Bf16 = false;
+#endif
+
+std::atomic<bool> g_force_portable_bf16{std::getenv("TORCHAMP_PORTABLE_KERNELS") != nullptr};
+
+bool unscale_span_bf16(uint16_t* p, int64_t n, float inv) {
+#ifdef TORCHAMP_X86_BF16
+  if (kHasAvx512Bf16 && !g_force_portable_bf16.load(std::memory_order_relaxed)) {
+    return unscale_span_avx512_bf16(p, n, inv);
+  }
+#endif
+  return unscale_span(p, n, inv);
+}
+
 // float16 (for ATen's op only; the GradScaler refuses float16 gradients):
 // converted with c10::Half's own routines, so the result is c10::Half's.
 bool unscale_half_span(uint16_t* p, int64_t n, float inv) {
@@ -155,7 +254,7 @@ inline bool run_segment(const Segment& s, int64_t begin, int64_t end, bool write
     }
     case at::kBFloat16: {
       auto* p = static_cast<uint16_t*>(s.data) + begin;
-      return write ? unscale_span(p, n, inv) : check_span(p, n);
+      return write ? unscale_span_bf16(p, n, inv) : check_span(p, n);
     }
     case at::kHalf: {
       auto* p = static_cast<uint16_t*>(s.data) + begin;
@@ -258,6 +357,14 @@ bool unscale_cpu_(c10::ArrayRef<at::Tensor> tensors, float inv_scale,
 
 bool check_cpu(c10::ArrayRef<at::Tensor> tensors, std::vector<uint8_t>* per_tensor_found) {
   return run(tensors, /*write=*/false, 1.0f, per_tensor_found);
+}
+
+const char* bf16_unscale_path() {
+  return kHasAvx512Bf16 && !g_force_portable_bf16.load() ? "avx512-bf16" : "portable";
+}
+
+void force_portable_bf16(bool on) {
+  g_force_portable_bf16.store(on);
 }
 
 }  // namespace kernels
