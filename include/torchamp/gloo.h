@@ -11,6 +11,7 @@
 /// pip wheels ship none, use Python's `torch.distributed` there).
 
 #include <torch/version.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 namespace torchamp {
