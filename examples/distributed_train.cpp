@@ -35,7 +35,7 @@ int main() {
   store_opts.port = static_cast<std::uint16_t>(std::stoi(env("MASTER_PORT", "29500")));
   store_opts.isServer = rank == 0;
   store_opts.numWorkers = world;
-  auto store = c10::make_intrusive<c10d::TCPStore>(env("MASTER_ADDR", "127.0.0.1"), store_opts);
+  auto store = torchamp::make_tcp_store(env("MASTER_ADDR", "127.0.0.1"), store_opts);
   auto options = c10d::ProcessGroupGloo::Options::create();
   const std::string ifname = env("GLOO_SOCKET_IFNAME", "");
   options->devices.push_back(ifname.empty()

@@ -13,6 +13,11 @@
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <string>
+#include <type_traits>
+#include <utility>
 
 namespace torchamp {
 
@@ -31,6 +36,40 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_process_group(
 #else
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
 #endif
+}
+
+namespace detail {
+
+template <class T, class = void>
+struct has_use_libuv : std::false_type {};
+template <class T>
+struct has_use_libuv<T, std::void_t<decltype(std::declval<T&>().useLibUV)>> : std::true_type {};
+
+template <class Options>
+c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, Options options) {
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, options);
+  } catch (const c10::Error& e) {
+    if constexpr (has_use_libuv<Options>::value) {
+      if (options.useLibUV && std::string(e.what()).find("libuv") != std::string::npos) {
+        options.useLibUV = false;
+        return c10::make_intrusive<c10d::TCPStore>(host, options);
+      }
+    }
+    throw;
+  }
+}
+
+}  // namespace detail
+
+/// A `c10d::TCPStore` at `host` (rank 0's machine) with these options. From
+/// 2.4 on LibTorch asks for its libuv server by default, and a LibTorch built
+/// without libuv (Debian's 2.6) throws "use_libuv was requested but PyTorch
+/// was build without libuv support"; this then uses the classic server, as
+/// Python's torch.distributed does.
+inline c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host,
+                                                      const c10d::TCPStoreOptions& options) {
+  return detail::make_tcp_store(host, options);
 }
 
 }  // namespace torchamp

@@ -128,7 +128,7 @@ List run(const Dict& seq) {
   std::vector<std::unique_ptr<PythonSGD>> opts;
   for (size_t o = 0; o < init.size(); ++o) {
     std::vector<at::Tensor> group;
-    for (const IValue& p : init.get(o).toList()) {
+    for (const IValue p : init.get(o).toList()) {
       group.push_back(p.toTensor().clone().set_requires_grad(true));
     }
     const Dict oc = opt_cfgs.get(o).toGenericDict();
@@ -142,7 +142,7 @@ List run(const Dict& seq) {
   }
 
   List trace = new_list();
-  for (const IValue& step_v : at_key(seq, "steps").toList()) {
+  for (const IValue step_v : at_key(seq, "steps").toList()) {
     const Dict step = step_v.toGenericDict();
     const List grads = at_key(step, "grads").toList();
     for (size_t o = 0; o < params.size(); ++o) {
@@ -152,11 +152,11 @@ List run(const Dict& seq) {
             g.get(j).isNone() ? at::Tensor() : scaler.scale(g.get(j).toTensor());
       }
     }
-    for (const IValue& i : at_key(step, "unscale").toList()) {
+    for (const IValue i : at_key(step, "unscale").toList()) {
       scaler.unscale_(*opts[i.toInt()]);
     }
     List stepped = new_list();
-    for (const IValue& i : at_key(step, "step").toList()) {
+    for (const IValue i : at_key(step, "step").toList()) {
       stepped.push_back(scaler.step(*opts[i.toInt()]).has_value());
     }
     List grads_after = snapshot(params, /*grads=*/true);
@@ -194,7 +194,7 @@ int main(int argc, char** argv) {
                                 std::istreambuf_iterator<char>());
   const Dict spec = torch::pickle_load(bytes).toGenericDict();
   List traces = new_list();
-  for (const IValue& seq : at_key(spec, "sequences").toList()) {
+  for (const IValue seq : at_key(spec, "sequences").toList()) {
     traces.push_back(run(seq.toGenericDict()));
   }
   Dict out = new_dict();
