@@ -35,6 +35,19 @@ const IValue& at_key(const Dict& d, const char* key) {
   return it->value();
 }
 
+// Elements by index: a range-for over a c10::List yields proxies, which GCC
+// 12 and 14 warn about one way (-Wrange-loop-construct) or the other
+// (-Wdangling-reference).
+std::vector<IValue> items(const IValue& list) {
+  const List l = list.toList();
+  std::vector<IValue> out;
+  out.reserve(l.size());
+  for (size_t k = 0; k < l.size(); ++k) {
+    out.push_back(l.get(k));
+  }
+  return out;
+}
+
 double num(const IValue& v) {
   return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
 }
@@ -128,7 +141,7 @@ List run(const Dict& seq) {
   std::vector<std::unique_ptr<PythonSGD>> opts;
   for (size_t o = 0; o < init.size(); ++o) {
     std::vector<at::Tensor> group;
-    for (const IValue p : init.get(o).toList()) {
+    for (const IValue& p : items(init.get(o))) {
       group.push_back(p.toTensor().clone().set_requires_grad(true));
     }
     const Dict oc = opt_cfgs.get(o).toGenericDict();
@@ -142,7 +155,7 @@ List run(const Dict& seq) {
   }
 
   List trace = new_list();
-  for (const IValue step_v : at_key(seq, "steps").toList()) {
+  for (const IValue& step_v : items(at_key(seq, "steps"))) {
     const Dict step = step_v.toGenericDict();
     const List grads = at_key(step, "grads").toList();
     for (size_t o = 0; o < params.size(); ++o) {
@@ -152,11 +165,11 @@ List run(const Dict& seq) {
             g.get(j).isNone() ? at::Tensor() : scaler.scale(g.get(j).toTensor());
       }
     }
-    for (const IValue i : at_key(step, "unscale").toList()) {
+    for (const IValue& i : items(at_key(step, "unscale"))) {
       scaler.unscale_(*opts[i.toInt()]);
     }
     List stepped = new_list();
-    for (const IValue i : at_key(step, "step").toList()) {
+    for (const IValue& i : items(at_key(step, "step"))) {
       stepped.push_back(scaler.step(*opts[i.toInt()]).has_value());
     }
     List grads_after = snapshot(params, /*grads=*/true);
@@ -194,7 +207,7 @@ int main(int argc, char** argv) {
                                 std::istreambuf_iterator<char>());
   const Dict spec = torch::pickle_load(bytes).toGenericDict();
   List traces = new_list();
-  for (const IValue seq : at_key(spec, "sequences").toList()) {
+  for (const IValue& seq : items(at_key(spec, "sequences"))) {
     traces.push_back(run(seq.toGenericDict()));
   }
   Dict out = new_dict();
