@@ -58,6 +58,10 @@ torchamp_install_deps() {
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# The wheel leg's LibTorch and clang-format 14 (the style test), for
+# torchamp_wheel_venv: scripts/test and scripts/demo share one venv.
+TORCHAMP_WHEEL=(2.13.0 clang-format==14.0.6)
+
 # A virtual environment with PyTorch VERSION from pip (the python3 on PATH),
 # in .deps/torch-VERSION; prints its directory. Its torch/ folder is a
 # complete C++ LibTorch. Extra pip requirements may follow the version.

@@ -2,14 +2,14 @@
 then ATen's AMP ops work on CPU tensors: below 2.3 through torchamp's kernels,
 from 2.3 on through ATen's own (torchamp registers none there).
 Run: python3 test_aten_amp_ops.py LIBTORCHAMP.so"""
-import os
 import sys
 import unittest
 
 import torch
 
+from interop_util import TORCH_MINOR, check_same_version_as_libtorch
+
 LIB = sys.argv.pop(1)
-TORCH_MINOR = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
 
 class AtenAmpOpsFromPython(unittest.TestCase):
@@ -65,8 +65,5 @@ class AtenAmpOpsFromPython(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    expected = os.environ.get("TORCHAMP_LIBTORCH_VERSION")
-    # Major.minor: Debian's python3-torch says 1.13.0a0 where its LibTorch says 1.13.0.
-    assert not expected or TORCH_MINOR == tuple(int(x) for x in expected.split(".")[:2]), (
-        "Python torch", torch.__version__, "is not the LibTorch under test", expected)
+    check_same_version_as_libtorch()
     unittest.main()

@@ -18,11 +18,10 @@ from unittest import mock
 
 import torch
 
-from interop_util import load_from_cpp
+from interop_util import TORCH_MINOR, check_same_version_as_libtorch, load_from_cpp
 
 TOOL, EXAMPLE, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 del sys.argv[1:4]
-TORCH_MINOR = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def enabled_python_scaler(**kwargs):
@@ -93,9 +92,6 @@ class CheckpointInterop(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    expected = os.environ.get("TORCHAMP_LIBTORCH_VERSION")
-    # Major.minor: Debian's python3-torch says 1.13.0a0 where its LibTorch says 1.13.0.
-    assert not expected or TORCH_MINOR == tuple(int(x) for x in expected.split(".")[:2]), (
-        "Python torch", torch.__version__, "is not the LibTorch under test", expected)
+    check_same_version_as_libtorch()
     os.makedirs(WORK, exist_ok=True)
     unittest.main()

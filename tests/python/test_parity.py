@@ -33,13 +33,12 @@ import unittest
 
 import torch
 
-from interop_util import load_from_cpp
+from interop_util import TORCH_MINOR, check_same_version_as_libtorch, load_from_cpp
 
 TOOL, WORK = sys.argv[1], sys.argv[2]
 del sys.argv[1:3]
 SEQUENCES = int(os.environ.get("TORCHAMP_PARITY_SEQUENCES", "1000"))
 SEED = int(os.environ.get("TORCHAMP_PARITY_SEED", "0"))
-TORCH_MINOR = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def make_sequence(rng):
@@ -211,10 +210,7 @@ class ParityWithPyTorch(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    expected = os.environ.get("TORCHAMP_LIBTORCH_VERSION")
-    # Major.minor: Debian's python3-torch says 1.13.0a0 where its LibTorch says 1.13.0.
-    assert not expected or TORCH_MINOR == tuple(int(x) for x in expected.split(".")[:2]), (
-        "Python torch", torch.__version__, "is not the LibTorch under test", expected)
+    check_same_version_as_libtorch()
     if TORCH_MINOR < (2, 3):
         print("PyTorch", torch.__version__, "has no CPU GradScaler (2.3+): nothing to compare")
         sys.exit(77)
