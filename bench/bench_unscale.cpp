@@ -8,14 +8,19 @@
 //   ceiling   a plain in-place multiply-by-constant loop over the same buffers
 //             (read + write) and a plain read-only reduction (read), with the
 //             same compiler flags and the same threads.
-// Then the whole tax of loss scaling in a training step of a ~10M-parameter
-// MLP, as a multiple of one ceiling pass over its gradients.
+//   step      the scaler's whole cost in one training step over the same
+//             gradients: scale(loss), unscale_, the step decision (with an
+//             optimizer whose step() does nothing) and update().
+// Every (case, dtype) runs on 1 thread and on N, each against the ceiling
+// with the same threads. Then the whole tax of loss scaling in a training
+// step of a ~10M-parameter MLP, as a multiple of one ceiling pass over its
+// gradients.
 //
 // Run: ./build/bench/bench_unscale [--threads=N] [--benchmark_min_time=0.2]
 //                                   [--benchmark_repetitions=3]
 // It prints Google Benchmark's table, then a summary table with the ratios.
-// Threads: --threads, else OMP_NUM_THREADS, else every hardware thread (ATen's
-// own default can be fewer: it counts physical cores).
+// N: --threads, else OMP_NUM_THREADS, else every hardware thread (ATen's own
+// default can be fewer: it counts physical cores).
 
 #include <torchamp/grad_scaler.h>
 
@@ -29,6 +34,7 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/optimizer.h>
 #include <torch/optim/sgd.h>
 #include <torch/torch.h>
 
@@ -53,7 +59,8 @@ struct Case {
 const Case kCases[] = {{"1x64M", 1, 64 << 20},
                        {"100x640k", 100, 640 << 10},
                        {"2000x1k", 2000, 1 << 10},
-                       {"10000x100", 10000, 100}};
+                       {"10000x100", 10000, 100},
+                       {"100000x10", 100000, 10}};
 
 struct Dtype {
   const char* name;
@@ -143,20 +150,44 @@ uint64_t ceiling_read(const std::vector<at::Tensor>& ts) {
 
 // ---- the benchmarks -----------------------------------------------------------
 
-// Alternating scales 2 and 0.5 keep the values where they are, run after run.
-float alternate(int64_t& i) {
-  return (i++ & 1) ? 2.0f : 0.5f;
-}
+// Every benchmark runs with the thread count it was registered for.
+struct Threads {
+  explicit Threads(int n) { at::set_num_threads(n); }
+};
 
-void bm_ours_unscale(benchmark::State& state, const Case& c, at::ScalarType dtype) {
-  auto& grads = make_grads(c, dtype);
+// An optimizer whose step() does nothing, so that a step timed through the
+// scaler is the scaler's own cost.
+struct NullOptions : torch::optim::OptimizerCloneableOptions<NullOptions> {};
+class NullOptimizer : public torch::optim::Optimizer {
+ public:
+  explicit NullOptimizer(std::vector<at::Tensor> params)
+      : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                  std::make_unique<NullOptions>()) {}
+  at::Tensor step(LossClosure /*closure*/ = nullptr) override { return {}; }
+  void save(torch::serialize::OutputArchive& /*archive*/) const override {}
+  void load(torch::serialize::InputArchive& /*archive*/) override {}
+};
+
+// Parameters whose gradients are the case's buffers.
+std::vector<at::Tensor> params_with_grads(std::vector<at::Tensor>& grads) {
   std::vector<at::Tensor> params;
   for (auto& g : grads) {
     auto p = torch::zeros({0});
     p.mutable_grad() = g;
     params.push_back(p);
   }
-  torch::optim::SGD opt(params, 0.1);
+  return params;
+}
+
+// Alternating scales 2 and 0.5 keep the values where they are, run after run.
+float alternate(int64_t& i) {
+  return (i++ & 1) ? 2.0f : 0.5f;
+}
+
+void bm_ours_unscale(benchmark::State& state, const Case& c, at::ScalarType dtype, int threads) {
+  Threads t(threads);
+  auto& grads = make_grads(c, dtype);
+  NullOptimizer opt(params_with_grads(grads));
   torchamp::GradScaler scaler(torchamp::GradScalerOptions().init_scale(2.0));
   int64_t i = 0;
   for (auto _ : state) {
@@ -166,15 +197,35 @@ void bm_ours_unscale(benchmark::State& state, const Case& c, at::ScalarType dtyp
   state.SetBytesProcessed(state.iterations() * bytes_of(grads) * 2);
 }
 
-// The same with the portable bfloat16 loop forced (the AVX-512 BF16 one is
-// the default where the CPU has it).
-void bm_ours_unscale_portable(benchmark::State& state, const Case& c, at::ScalarType dtype) {
-  torchamp::kernels::force_portable_bf16(true);
-  bm_ours_unscale(state, c, dtype);
-  torchamp::kernels::force_portable_bf16(false);
+// The same with the portable loops forced (the AVX-512 ones are the default
+// where the CPU has them).
+void bm_ours_unscale_portable(benchmark::State& state, const Case& c, at::ScalarType dtype,
+                              int threads) {
+  torchamp::kernels::force_portable(true);
+  bm_ours_unscale(state, c, dtype, threads);
+  torchamp::kernels::force_portable(false);
 }
 
-void bm_aten_unscale(benchmark::State& state, const Case& c, at::ScalarType dtype) {
+// One training step's worth of the scaler: scale(loss), step (unscale_ +
+// the decision; the optimizer itself does nothing), update(). Bytes as
+// unscale_'s, so that it compares with the rw ceiling.
+void bm_ours_step(benchmark::State& state, const Case& c, at::ScalarType dtype, int threads) {
+  Threads t(threads);
+  auto& grads = make_grads(c, dtype);
+  NullOptimizer opt(params_with_grads(grads));
+  torchamp::GradScaler scaler(torchamp::GradScalerOptions().init_scale(2.0));
+  const auto loss = torch::tensor(1.5f);
+  int64_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(scaler.scale(loss));
+    scaler.step(opt);
+    scaler.update(1.0 / alternate(i));
+  }
+  state.SetBytesProcessed(state.iterations() * bytes_of(grads) * 2);
+}
+
+void bm_aten_unscale(benchmark::State& state, const Case& c, at::ScalarType dtype, int threads) {
+  Threads t(threads);
   auto& grads = make_grads(c, dtype);
   auto found = torch::zeros({1});
   auto inv = torch::full({1}, 1.0f);
@@ -187,7 +238,8 @@ void bm_aten_unscale(benchmark::State& state, const Case& c, at::ScalarType dtyp
   state.SetBytesProcessed(state.iterations() * bytes_of(grads) * 2);
 }
 
-void bm_ours_check(benchmark::State& state, const Case& c, at::ScalarType dtype) {
+void bm_ours_check(benchmark::State& state, const Case& c, at::ScalarType dtype, int threads) {
+  Threads t(threads);
   auto& grads = make_grads(c, dtype);
   for (auto _ : state) {
     benchmark::DoNotOptimize(torchamp::kernels::check_cpu(grads));
@@ -195,7 +247,8 @@ void bm_ours_check(benchmark::State& state, const Case& c, at::ScalarType dtype)
   state.SetBytesProcessed(state.iterations() * bytes_of(grads));
 }
 
-void bm_baseline(benchmark::State& state, const Case& c, at::ScalarType dtype) {
+void bm_baseline(benchmark::State& state, const Case& c, at::ScalarType dtype, int threads) {
+  Threads t(threads);
   auto& grads = make_grads(c, dtype);
   int64_t i = 0;
   for (auto _ : state) {
@@ -212,7 +265,8 @@ void bm_baseline(benchmark::State& state, const Case& c, at::ScalarType dtype) {
   state.SetBytesProcessed(state.iterations() * bytes_of(grads) * 2);
 }
 
-void bm_ceiling_rw(benchmark::State& state, const Case& c, at::ScalarType dtype) {
+void bm_ceiling_rw(benchmark::State& state, const Case& c, at::ScalarType dtype, int threads) {
+  Threads t(threads);
   auto& grads = make_grads(c, dtype);
   int64_t i = 0;
   for (auto _ : state) {
@@ -222,7 +276,8 @@ void bm_ceiling_rw(benchmark::State& state, const Case& c, at::ScalarType dtype)
   state.SetBytesProcessed(state.iterations() * bytes_of(grads) * 2);
 }
 
-void bm_ceiling_read(benchmark::State& state, const Case& c, at::ScalarType dtype) {
+void bm_ceiling_read(benchmark::State& state, const Case& c, at::ScalarType dtype, int threads) {
+  Threads t(threads);
   auto& grads = make_grads(c, dtype);
   for (auto _ : state) {
     benchmark::DoNotOptimize(ceiling_read(grads));
@@ -328,6 +383,10 @@ void training_tax() {
       t_plain * 1e3, t_scaled * 1e3, (t_scaled - t_plain) * 1e3);
 }
 
+std::string key(const char* method, const Case& c, const Dtype& d, int threads) {
+  return std::string(method) + "/" + c.name + "/" + d.name + "/t" + std::to_string(threads);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -347,80 +406,91 @@ int main(int argc, char** argv) {
     has_min_time = has_min_time || std::strncmp(argv[a], "--benchmark_min_time", 20) == 0;
     args.push_back(argv[a]);
   }
-  at::set_num_threads(std::max(threads, 1));
+  threads = std::max(threads, 1);
   if (!has_min_time) {
     args.push_back(min_time.data());
   }
   int n = static_cast<int>(args.size());
   benchmark::Initialize(&n, args.data());
 
+  std::vector<int> thread_counts = {1};
+  if (threads > 1) {
+    thread_counts.push_back(threads);
+  }
+  using Fn = void (*)(benchmark::State&, const Case&, at::ScalarType, int);
+  auto add = [](const char* method, Fn fn, const Case& c, const Dtype& d, int t) {
+    benchmark::RegisterBenchmark(key(method, c, d, t).c_str(), fn, c, d.type, t)->UseRealTime();
+  };
   for (const auto& c : kCases) {
     for (const auto& d : kDtypes) {
-      const std::string suffix = std::string("/") + c.name + "/" + d.name;
-      benchmark::RegisterBenchmark(("ours_unscale" + suffix).c_str(), bm_ours_unscale, c, d.type)
-          ->UseRealTime();
-      benchmark::RegisterBenchmark(("ours_check" + suffix).c_str(), bm_ours_check, c, d.type)
-          ->UseRealTime();
-      if (d.type == at::kBFloat16) {
-        benchmark::RegisterBenchmark(("ours_unscale_portable" + suffix).c_str(),
-                                     bm_ours_unscale_portable, c, d.type)
-            ->UseRealTime();
+      for (int t : thread_counts) {
+        if (d.type == at::kDouble && t != threads) {
+          continue;  // float64: N threads only, to keep the run short
+        }
+        add("ours_unscale", bm_ours_unscale, c, d, t);
+        add("ours_step", bm_ours_step, c, d, t);
+        add("ours_check", bm_ours_check, c, d, t);
+        if (d.type != at::kDouble) {
+          add("ours_unscale_portable", bm_ours_unscale_portable, c, d, t);
+        }
+        if (torchamp::compat::kAtenHasCpuAmpKernels) {
+          add("aten_unscale", bm_aten_unscale, c, d, t);
+        }
+        if (t == threads) {  // slow: N threads only
+          add("baseline", bm_baseline, c, d, t);
+        }
+        add("ceiling_rw", bm_ceiling_rw, c, d, t);
+        add("ceiling_read", bm_ceiling_read, c, d, t);
       }
-      if (torchamp::compat::kAtenHasCpuAmpKernels) {
-        benchmark::RegisterBenchmark(("aten_unscale" + suffix).c_str(), bm_aten_unscale, c, d.type)
-            ->UseRealTime();
-      }
-      benchmark::RegisterBenchmark(("baseline" + suffix).c_str(), bm_baseline, c, d.type)
-          ->UseRealTime();
-      benchmark::RegisterBenchmark(("ceiling_rw" + suffix).c_str(), bm_ceiling_rw, c, d.type)
-          ->UseRealTime();
-      benchmark::RegisterBenchmark(("ceiling_read" + suffix).c_str(), bm_ceiling_read, c, d.type)
-          ->UseRealTime();
     }
   }
   Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);
+  auto& g = collector.gbps;
 
   std::printf(
-      "\nLibTorch %s\n| case | dtype | unscale GB/s | ATen's op GB/s | x ATen | baseline GB/s | "
-      "x baseline | rw ceiling GB/s | of ceiling | check GB/s | read ceiling GB/s | of ceiling | "
-      "threads |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-      TORCH_VERSION);
+      "\nLibTorch %s, %d threads at most; ceilings over the same buffers (bfloat16 ones as "
+      "float32 of the same bytes); loops: float32 %s, bfloat16 %s\n"
+      "| case | dtype | threads | unscale GB/s | of rw ceiling | portable loop | ATen's op GB/s | "
+      "x ATen | x baseline | check of read ceiling | scaler step us | step / ceiling pass |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      TORCH_VERSION, threads, torchamp::kernels::unscale_path(at::kFloat),
+      torchamp::kernels::unscale_path(at::kBFloat16));
   for (const auto& c : kCases) {
     for (const auto& d : kDtypes) {
-      const std::string suffix = std::string("/") + c.name + "/" + d.name;
-      auto& g = collector.gbps;
-      if (!g.count("ours_unscale" + suffix)) {
-        continue;  // filtered out
+      for (int t : thread_counts) {
+        if (!g.count(key("ours_unscale", c, d, t))) {
+          continue;  // filtered out, or not registered
+        }
+        // The ceilings run over the very same buffers (bfloat16 ones as
+        // float32 of the same bytes).
+        const double ours = g[key("ours_unscale", c, d, t)];
+        const double rw = g[key("ceiling_rw", c, d, t)];
+        const double rd = g[key("ceiling_read", c, d, t)];
+        const double check = g[key("ours_check", c, d, t)];
+        const double step = g[key("ours_step", c, d, t)];
+        const double bytes = static_cast<double>(bytes_of(make_grads(c, d.type))) * 2;
+        char portable[32] = "-";
+        if (g.count(key("ours_unscale_portable", c, d, t))) {
+          std::snprintf(portable, sizeof portable, "%.2f",
+                        g[key("ours_unscale_portable", c, d, t)] / rw);
+        }
+        char aten[48] = "n/a (< 2.3) | n/a";
+        if (g.count(key("aten_unscale", c, d, t))) {
+          const double a = g[key("aten_unscale", c, d, t)];
+          std::snprintf(aten, sizeof aten, "%.1f | %.2fx", a, ours / a);
+        }
+        char base[32] = "-";
+        if (g.count(key("baseline", c, d, t))) {
+          std::snprintf(base, sizeof base, "%.0fx", ours / g[key("baseline", c, d, t)]);
+        }
+        std::printf("| %s | %s | %d | %.1f | %.2f | %s | %s | %s | %.2f | %.1f | %.2f |\n", c.name,
+                    d.name, t, ours, ours / rw, portable, aten, base, check / rd,
+                    bytes / (step * 1e9) * 1e6, rw / step);
       }
-      // bfloat16 is held to the float32 ceiling's GB/s of the same case.
-      const std::string ceil_suffix =
-          d.type == at::kBFloat16 ? std::string("/") + c.name + "/float32" : suffix;
-      const double ours = g["ours_unscale" + suffix], base = g["baseline" + suffix];
-      const double rw = g["ceiling_rw" + ceil_suffix], check = g["ours_check" + suffix];
-      const double rd = g["ceiling_read" + suffix];
-      char aten[64] = "n/a (< 2.3) | n/a";
-      if (g.count("aten_unscale" + suffix)) {
-        const double a = g["aten_unscale" + suffix];
-        std::snprintf(aten, sizeof aten, "%.1f | %.2fx", a, ours / a);
-      }
-      std::printf(
-          "| %s | %s | %.1f | %s | %.2f | %.0fx | %.1f%s | %.2f | %.1f | %.1f | %.2f | %d |\n",
-          c.name, d.name, ours, aten, base, ours / base, rw,
-          d.type == at::kBFloat16 ? " (f32)" : "", ours / rw, check, rd, check / rd,
-          at::get_num_threads());
     }
   }
-  std::printf("\nbfloat16 unscale loop: %s; the portable loop on the same buffers:",
-              torchamp::kernels::bf16_unscale_path());
-  for (const auto& c : kCases) {
-    const std::string key = std::string("ours_unscale_portable/") + c.name + "/bfloat16";
-    if (collector.gbps.count(key)) {
-      std::printf(" %s %.1f GB/s;", c.name, collector.gbps[key]);
-    }
-  }
-  std::printf("\n");
+  at::set_num_threads(threads);
   training_tax();
   benchmark::Shutdown();
   return 0;

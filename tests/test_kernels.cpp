@@ -136,8 +136,9 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, KernelDtype,
 // payloads (it would keep them), infinities, and lengths around the vector
 // width. Where the CPU lacks AVX-512 BF16 both runs take the portable loop.
 TEST(Kernel, Bfloat16FastAndPortableLoopsAgreeBitForBit) {
-  RecordProperty("bf16_unscale_path", torchamp::kernels::bf16_unscale_path());
-  const std::vector<int64_t> sizes = {1, 15, 16, 17, 31, 33, 1000, 32768 + 5, 100003};
+  RecordProperty("bf16_unscale_path", torchamp::kernels::unscale_path(at::kBFloat16));
+  const std::vector<int64_t> sizes = {1,  15, 16, 17,   31,        32,    33,
+                                      63, 64, 65, 1000, 32768 + 5, 100003};
   for (float inv : {1.0f / 65536, 1.0f / 3, 3.0e-39f, 1.0e30f}) {
     std::vector<at::Tensor> fast, portable, expected;
     for (size_t i = 0; i < sizes.size(); ++i) {
@@ -155,15 +156,50 @@ TEST(Kernel, Bfloat16FastAndPortableLoopsAgreeBitForBit) {
     }
     std::vector<uint8_t> fast_flags, portable_flags;
     const bool fast_found = unscale_cpu_(fast, inv, &fast_flags);
-    torchamp::kernels::force_portable_bf16(true);
+    torchamp::kernels::force_portable(true);
     const bool portable_found = unscale_cpu_(portable, inv, &portable_flags);
-    torchamp::kernels::force_portable_bf16(false);
-    EXPECT_STRNE(torchamp::kernels::bf16_unscale_path(), "");
+    torchamp::kernels::force_portable(false);
+    EXPECT_STRNE(torchamp::kernels::unscale_path(at::kBFloat16), "");
     EXPECT_EQ(fast_found, portable_found);
     EXPECT_EQ(fast_flags, portable_flags);
     for (size_t i = 0; i < sizes.size(); ++i) {
       EXPECT_TRUE(bitwise_equal(fast[i], portable[i])) << "size " << sizes[i] << " inv " << inv;
       EXPECT_TRUE(bitwise_equal(portable[i], expected[i])) << "size " << sizes[i];
+    }
+  }
+}
+
+// float32 has an AVX-512 loop with a masked last vector (where the CPU has
+// AVX-512F) and the portable one: the same bits and flags, on lengths around
+// both vector widths, with infinities and NaNs at the ends.
+TEST(Kernel, Float32FastAndPortableLoopsAgreeBitForBit) {
+  RecordProperty("float32_unscale_path", torchamp::kernels::unscale_path(at::kFloat));
+  const std::vector<int64_t> sizes = {1, 7, 8, 15, 16, 17, 31, 32, 33, 100, 1000, 32768 + 5};
+  for (float inv : {1.0f / 65536, 1.0f / 3, 3.0e-39f, 1.0e30f}) {
+    for (int special_at : {-1, 0, 1}) {  // none, first element, last element
+      std::vector<at::Tensor> fast, portable, expected;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        auto t = random_values(sizes[i], at::kFloat, 2000 + static_cast<int64_t>(i));
+        if (special_at >= 0 && i % 3 == 0) {
+          t[special_at == 0 ? 0 : sizes[i] - 1] = i % 2 ? std::numeric_limits<float>::quiet_NaN()
+                                                        : -std::numeric_limits<float>::infinity();
+        }
+        expected.push_back(reference(t, inv));
+        fast.push_back(t);
+        portable.push_back(t.clone());
+      }
+      std::vector<uint8_t> fast_flags, portable_flags;
+      const bool fast_found = unscale_cpu_(fast, inv, &fast_flags);
+      torchamp::kernels::force_portable(true);
+      const bool portable_found = unscale_cpu_(portable, inv, &portable_flags);
+      torchamp::kernels::force_portable(false);
+      EXPECT_EQ(fast_found, special_at >= 0);
+      EXPECT_EQ(fast_found, portable_found);
+      EXPECT_EQ(fast_flags, portable_flags);
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        EXPECT_TRUE(bitwise_equal(fast[i], portable[i])) << "size " << sizes[i] << " inv " << inv;
+        EXPECT_TRUE(bitwise_equal(portable[i], expected[i])) << "size " << sizes[i];
+      }
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -47,15 +48,55 @@ bool cpu_supports(at::ScalarType dtype);
 bool unscale_cpu_(c10::ArrayRef<at::Tensor> tensors, float inv_scale,
                   std::vector<uint8_t>* per_tensor_found = nullptr);
 
-/// The loop `unscale_cpu_` runs for bfloat16: "avx512-bf16" where the CPU and
-/// OS have AVX-512 BF16 (VCVTNEPS2BF16), else "portable". Both give identical
-/// bits. The environment variable TORCHAMP_PORTABLE_KERNELS (any value) or
-/// `force_portable_bf16(true)` (tests, benchmarks) picks the portable one.
-const char* bf16_unscale_path();
-void force_portable_bf16(bool on);
+/// The loop `unscale_cpu_` runs for `dtype`: "avx512" (float32) or
+/// "avx512-bf16" (bfloat16, VCVTNE2PS2BF16) where the CPU and OS have
+/// AVX-512 (F, DQ, BW; and AVX512_BF16 for bfloat16), else "portable" (the
+/// compiler's AVX2 or baseline loop). Both give identical bits. The
+/// environment variable TORCHAMP_PORTABLE_KERNELS (any value) or
+/// `force_portable(true)` (tests, benchmarks) picks the portable loops.
+const char* unscale_path(at::ScalarType dtype);
+void force_portable(bool on);
 
 /// Read-only variant: whether any element of any tensor is inf or NaN.
 bool check_cpu(c10::ArrayRef<at::Tensor> tensors, std::vector<uint8_t>* per_tensor_found = nullptr);
+
+/// A prepared list of dense CPU buffers, the kernels' own input: what
+/// `unscale_cpu_` builds from its tensors on every call, and what the
+/// GradScaler keeps between steps so that a step allocates nothing and looks
+/// nothing up per tensor. It holds raw pointers: whoever fills it keeps the
+/// buffers alive and unchanged until `run` returns.
+class SpanList {
+ public:
+  void clear();
+  void reserve(size_t n);
+  /// Appends `numel` (> 0) elements of `dtype` (a `cpu_supports` dtype) at `data`.
+  void add(void* data, int64_t numel, at::ScalarType dtype);
+  /// Points span i at new data of the same dtype and element count.
+  void set_data(size_t i, void* data) { spans_[i].data = data; }
+  size_t size() const { return spans_.size(); }
+  int64_t total_elements() const { return offsets_.back(); }
+
+  /// `x = x * inv_scale` over every span (`write`, as `unscale_cpu_`), or a
+  /// check only; returns whether any input element was inf or NaN. Totals of
+  /// at least a parallel grain are split across at::get_num_threads() threads
+  /// (across and within spans); the results and flags do not depend on the
+  /// split. Afterwards `found(i)` says whether span i held an inf/NaN.
+  bool run(bool write, float inv_scale);
+  bool found(size_t i) const { return found_[i].load(std::memory_order_relaxed) != 0; }
+
+  // Data of the spans, read by the parallel loop.
+  struct Span {
+    void* data;
+    int64_t numel;
+    at::ScalarType dtype;
+  };
+
+ private:
+  std::vector<Span> spans_;
+  std::vector<int64_t> offsets_{0};  // offsets_[i]: first element of span i; back(): the total
+  std::vector<std::atomic<uint8_t>> found_;  // value-initialised (0) when sized
+  bool any_found_ = false;                   // some found_ entry is 1
+};
 
 }  // namespace kernels
 }  // namespace torchamp

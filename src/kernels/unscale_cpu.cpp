@@ -17,7 +17,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -95,30 +94,46 @@ bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
   return mag >= kF32ExpMask;
 }
 
-// bfloat16 with AVX-512 BF16 (VCVTNEPS2BF16 rounds 16 floats to bfloat16 in one
-// instruction), picked at run time where the CPU and OS have it. The
+// bfloat16 with AVX-512 BF16 (VCVTNE2PS2BF16 rounds 32 floats to bfloat16 in
+// one instruction), picked at run time where the CPU and OS have it. The
 // instruction rounds to nearest even like c10::BFloat16, but it flushes
 // subnormal results to zero and keeps a NaN's payload; a vector holding either
-// is rounded with the exact integer formula instead (AVX-512F), so the result
-// is bit-identical to the portable loop above on every input.
+// (one VFPCLASSPS each) is rounded with the exact integer formula instead, so
+// the result is bit-identical to the portable loop above on every input. 32
+// elements per iteration, the last (partial) one masked: no scalar tail, which
+// matters for tensors of a few hundred elements.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define TORCHAMP_X86_BF16 1
+#define TORCHAMP_X86_AVX512 1  // the AVX-512 loops below exist
 
-bool cpu_has_avx512_bf16() {
+// AVX512F, DQ and BW, saved by the OS (the float32 loop needs F only); with
+// AVX512_BF16 too for the bfloat16 loop.
+struct Avx512 {
+  bool base = false;
+  bool bf16 = false;
+};
+
+Avx512 detect_avx512() {
+  Avx512 out;
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0 || (b & (1u << 16)) == 0 || a < 1) {
-    return false;  // no AVX512F, or no leaf 7 subleaf 1
-  }
-  __get_cpuid_count(7, 1, &a, &b, &c, &d);
-  if ((a & (1u << 5)) == 0) {
-    return false;  // no AVX512_BF16
-  }
   if (__get_cpuid(1, &a, &b, &c, &d) == 0 || (c & (1u << 27)) == 0) {
-    return false;  // no OSXSAVE: cannot ask the OS
+    return out;  // no OSXSAVE: cannot ask the OS
   }
   uint32_t lo = 0, hi = 0;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  return (lo & 0xe6u) == 0xe6u;  // the OS saves SSE, AVX and all AVX-512 state
+  if ((lo & 0xe6u) != 0xe6u) {
+    return out;  // the OS does not save SSE, AVX and all AVX-512 state
+  }
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) {
+    return out;
+  }
+  const unsigned max_subleaf = a;
+  constexpr unsigned kF = 1u << 16, kDq = 1u << 17, kBw = 1u << 30;
+  out.base = (b & (kF | kDq | kBw)) == (kF | kDq | kBw);
+  if (out.base && max_subleaf >= 1) {
+    __get_cpuid_count(7, 1, &a, &b, &c, &d);
+    out.bf16 = (a & (1u << 5)) != 0;
+  }
+  return out;
 }
 
 // GCC 12's AVX-512 intrinsics start some vectors from _mm512_undefined_*(),
@@ -128,59 +143,91 @@ bool cpu_has_avx512_bf16() {
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-__attribute__((target("avx512f,avx512bf16"))) bool unscale_span_avx512_bf16(uint16_t* p, int64_t n,
-                                                                            float inv) {
+#define TORCHAMP_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
+
+// c10::BFloat16's rounding of 16 floats: (b + 0x7fff + ((b >> 16) & 1)) >> 16,
+// NaN -> 0x7FC0.
+TORCHAMP_AVX512_BF16 inline __m256i round_bf16_exact(__m512 v) {
+  const __m512i vb = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(vb, 16), _mm512_set1_epi32(1));
+  __m512i r =
+      _mm512_srli_epi32(_mm512_add_epi32(vb, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+TORCHAMP_AVX512_BF16 bool unscale_span_avx512_bf16(uint16_t* p, int64_t n, float inv) {
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i abs_mask = _mm512_set1_epi16(0x7fff);
+  constexpr int kNanOrSubnormal = 0x01 | 0x20 | 0x80;  // QNaN, denormal, SNaN
+  __m512i mag = _mm512_setzero_si512();
+  for (int64_t i = 0; i < n; i += 32) {
+    // Lanes past the end load as +0 and are not stored.
+    const __mmask32 live = n - i >= 32 ? ~__mmask32{0} : (__mmask32{1} << (n - i)) - 1;
+    const __m512i raw = _mm512_maskz_loadu_epi16(live, p + i);
+    mag = _mm512_max_epu16(mag, _mm512_and_si512(raw, abs_mask));
+    const __m512i lo32 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(raw)), 16);
+    const __m512i hi32 =
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(raw, 1)), 16);
+    const __m512 lo = _mm512_mul_ps(_mm512_castsi512_ps(lo32), vinv);
+    const __m512 hi = _mm512_mul_ps(_mm512_castsi512_ps(hi32), vinv);
+    __m512i out;
+    if ((_mm512_fpclass_ps_mask(lo, kNanOrSubnormal) |
+         _mm512_fpclass_ps_mask(hi, kNanOrSubnormal)) == 0) {
+      const __m512bh r = _mm512_cvtne2ps_pbh(hi, lo);  // lo -> the lower 16
+      std::memcpy(&out, &r, sizeof out);
+    } else {
+      out =
+          _mm512_inserti64x4(_mm512_castsi256_si512(round_bf16_exact(lo)), round_bf16_exact(hi), 1);
+    }
+    _mm512_mask_storeu_epi16(p + i, live, out);
+  }
+  return _mm512_cmpge_epu16_mask(mag, _mm512_set1_epi16(0x7f80)) != 0;
+}
+// float32: the same loop as the portable one, 16 lanes wide, its last
+// (partial) vector masked. What it buys is the tail: a 100-element gradient
+// is 6 full vectors and one masked one instead of 12 AVX2 vectors and 4
+// scalar iterations. Multiplication is IEEE either way: identical bits.
+__attribute__((target("avx512f"))) bool unscale_span_avx512(float* p, int64_t n, float inv) {
   const __m512 vinv = _mm512_set1_ps(inv);
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-  const __m512i exp_mask = _mm512_set1_epi32(static_cast<int>(kF32ExpMask));
-  const __m512i min_normal = _mm512_set1_epi32(0x00800000);
-  const __m512i one = _mm512_set1_epi32(1);
-  const __m512i bias = _mm512_set1_epi32(0x7fff);
-  const __m512i bf16_nan = _mm512_set1_epi32(0x7fc0);
   __m512i mag = _mm512_setzero_si512();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i));
-    const __m512i in = _mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
-    mag = _mm512_max_epu32(mag, _mm512_and_si512(in, abs_mask));
-    const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(in), vinv);
-    const __m512i vb = _mm512_castps_si512(v);
-    const __m512i va = _mm512_and_si512(vb, abs_mask);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(va, exp_mask);
-    const __mmask16 subnormal =
-        _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(va, va), va, min_normal);
-    __m256i out;
-    if ((nan | subnormal) == 0) {
-      const __m256bh r = _mm512_cvtneps_pbh(v);
-      std::memcpy(&out, &r, sizeof out);
-    } else {  // exact: (b + 0x7fff + ((b >> 16) & 1)) >> 16, NaN -> 0x7FC0
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(vb, 16), one);
-      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(vb, _mm512_add_epi32(lsb, bias)), 16);
-      r = _mm512_mask_mov_epi32(r, nan, bf16_nan);
-      out = _mm512_cvtepi32_epi16(r);
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + i), out);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 live = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(live, p + i);
+    mag = _mm512_max_epu32(mag, _mm512_and_si512(_mm512_castps_si512(v), abs_mask));
+    _mm512_mask_storeu_ps(p + i, live, _mm512_mul_ps(v, vinv));
   }
-  uint32_t m = _mm512_reduce_max_epu32(mag);
-  for (; i < n; ++i) {
-    const uint32_t b = static_cast<uint32_t>(p[i]) << 16;
-    m = std::max(m, b & 0x7fffffffu);
-    p[i] = to_bf16(float_of(b) * inv);
-  }
-  return m >= kF32ExpMask;
+  return _mm512_reduce_max_epu32(mag) >= kF32ExpMask;
 }
 #pragma GCC diagnostic pop
 
-const bool kHasAvx512Bf16 = cpu_has_avx512_bf16();
+const Avx512 kAvx512 = detect_avx512();
 #else
-const bool kHasAvx512Bf16 = false;
+const struct {
+  bool base = false;
+  bool bf16 = false;
+} kAvx512;
 #endif
 
-std::atomic<bool> g_force_portable_bf16{std::getenv("TORCHAMP_PORTABLE_KERNELS") != nullptr};
+std::atomic<bool> g_force_portable{std::getenv("TORCHAMP_PORTABLE_KERNELS") != nullptr};
+
+bool use_avx512(bool have) {
+  return have && !g_force_portable.load(std::memory_order_relaxed);
+}
+
+bool unscale_span_f32(float* p, int64_t n, float inv) {
+#ifdef TORCHAMP_X86_AVX512
+  if (use_avx512(kAvx512.base)) {
+    return unscale_span_avx512(p, n, inv);
+  }
+#endif
+  return unscale_span(p, n, inv);
+}
 
 bool unscale_span_bf16(uint16_t* p, int64_t n, float inv) {
-#ifdef TORCHAMP_X86_BF16
-  if (kHasAvx512Bf16 && !g_force_portable_bf16.load(std::memory_order_relaxed)) {
+#ifdef TORCHAMP_X86_AVX512
+  if (use_avx512(kAvx512.bf16)) {
     return unscale_span_avx512_bf16(p, n, inv);
   }
 #endif
@@ -234,19 +281,13 @@ bool check_span(const uint16_t* p, int64_t n) {  // bfloat16 bits
   return mag >= 0x7f80u;
 }
 
-struct Segment {
-  void* data;
-  int64_t numel;
-  at::ScalarType dtype;
-};
-
-// Process [begin, end) of one segment; returns the non-finite flag.
-inline bool run_segment(const Segment& s, int64_t begin, int64_t end, bool write, float inv) {
+// Process [begin, end) of one span; returns the non-finite flag.
+inline bool run_span(const SpanList::Span& s, int64_t begin, int64_t end, bool write, float inv) {
   const int64_t n = end - begin;
   switch (s.dtype) {
     case at::kFloat: {
       auto* p = static_cast<float*>(s.data) + begin;
-      return write ? unscale_span(p, n, inv) : check_span(p, n);
+      return write ? unscale_span_f32(p, n, inv) : check_span(p, n);
     }
     case at::kDouble: {
       auto* p = static_cast<double*>(s.data) + begin;
@@ -267,16 +308,12 @@ inline bool run_segment(const Segment& s, int64_t begin, int64_t end, bool write
 
 bool run(c10::ArrayRef<at::Tensor> tensors, bool write, float inv,
          std::vector<uint8_t>* per_tensor_found) {
-  // One small vector per call (a segment per tensor) plus the prefix sums;
-  // non-contiguous tensors go through a contiguous copy written back after.
-  std::vector<Segment> segments;
-  std::vector<int64_t> offsets;  // offsets[i] = first global element of segment i
+  // Non-contiguous tensors go through a contiguous copy written back after.
+  SpanList spans;
+  spans.reserve(tensors.size());
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;
-  std::vector<size_t> tensor_of;  // segment -> index in `tensors`
-  segments.reserve(tensors.size());
-  offsets.reserve(tensors.size() + 1);
+  std::vector<size_t> tensor_of;  // span -> index in `tensors`
   tensor_of.reserve(tensors.size());
-  int64_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     TORCH_INTERNAL_ASSERT(t.defined() && t.device().is_cpu() && t.layout() == at::kStrided &&
@@ -289,46 +326,10 @@ bool run(c10::ArrayRef<at::Tensor> tensors, bool write, float inv,
       dense = t.contiguous();
       copies.emplace_back(t, dense);  // kept alive for the pass, written back after
     }
-    segments.push_back({dense.data_ptr(), dense.numel(), dense.scalar_type()});
-    offsets.push_back(total);
+    spans.add(dense.data_ptr(), dense.numel(), dense.scalar_type());
     tensor_of.push_back(i);
-    total += dense.numel();
   }
-  offsets.push_back(total);
-
-  std::unique_ptr<std::atomic<uint8_t>[]> found_per_segment;
-  if (per_tensor_found != nullptr) {
-    found_per_segment.reset(new std::atomic<uint8_t>[segments.size()]);
-    for (size_t s = 0; s < segments.size(); ++s) {
-      found_per_segment[s].store(0, std::memory_order_relaxed);
-    }
-  }
-  std::atomic<bool> found{false};
-
-  if (total > 0) {
-    at::parallel_for(0, total, kGrain, [&](int64_t begin, int64_t end) {
-      // First segment that holds `begin`.
-      auto s = static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), begin) -
-                                   offsets.begin() - 1);
-      bool local = false;
-      for (int64_t pos = begin; pos < end; ++s) {
-        const int64_t seg_end = std::min(end, offsets[s + 1]);
-        const bool bad =
-            run_segment(segments[s], pos - offsets[s], seg_end - offsets[s], write, inv);
-        if (bad) {
-          local = true;
-          if (found_per_segment) {
-            found_per_segment[s].store(1, std::memory_order_relaxed);
-          }
-        }
-        pos = seg_end;
-      }
-      if (local) {
-        found.store(true, std::memory_order_relaxed);
-      }
-    });
-  }
-
+  const bool found = spans.run(write, inv);
   if (write) {
     for (auto& [original, dense] : copies) {
       original.copy_(dense);
@@ -336,14 +337,65 @@ bool run(c10::ArrayRef<at::Tensor> tensors, bool write, float inv,
   }
   if (per_tensor_found != nullptr) {
     per_tensor_found->assign(tensors.size(), 0);
-    for (size_t s = 0; s < segments.size(); ++s) {
-      (*per_tensor_found)[tensor_of[s]] = found_per_segment[s].load(std::memory_order_relaxed);
+    for (size_t s = 0; s < spans.size(); ++s) {
+      (*per_tensor_found)[tensor_of[s]] = spans.found(s);
     }
   }
-  return found.load(std::memory_order_relaxed);
+  return found;
 }
 
 }  // namespace
+
+void SpanList::clear() {
+  spans_.clear();
+  offsets_.assign(1, 0);
+}
+
+void SpanList::reserve(size_t n) {
+  spans_.reserve(n);
+  offsets_.reserve(n + 1);
+}
+
+void SpanList::add(void* data, int64_t numel, at::ScalarType dtype) {
+  TORCH_INTERNAL_ASSERT(numel > 0 && data != nullptr && cpu_supports(dtype));
+  spans_.push_back({data, numel, dtype});
+  offsets_.push_back(offsets_.back() + numel);
+}
+
+bool SpanList::run(bool write, float inv) {
+  if (found_.size() != spans_.size()) {
+    found_ = std::vector<std::atomic<uint8_t>>(spans_.size());
+  } else if (any_found_) {  // flags are only ever set to 1: clear them once used
+    for (auto& f : found_) {
+      f.store(0, std::memory_order_relaxed);
+    }
+  }
+  any_found_ = false;
+  if (total_elements() == 0) {
+    return false;
+  }
+  std::atomic<bool> any{false};
+  // Below one grain at::parallel_for runs the lambda once, on this thread.
+  at::parallel_for(0, total_elements(), kGrain, [&](int64_t begin, int64_t end) {
+    // First span that holds `begin`.
+    auto s = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), begin) -
+                                 offsets_.begin() - 1);
+    bool local = false;
+    for (int64_t pos = begin; pos < end; ++s) {
+      const int64_t span_end = std::min(end, offsets_[s + 1]);
+      if (run_span(spans_[s], pos - offsets_[s], span_end - offsets_[s], write, inv)) {
+        local = true;
+        found_[s].store(1, std::memory_order_relaxed);
+      }
+      pos = span_end;
+    }
+    if (local) {
+      any.store(true, std::memory_order_relaxed);
+    }
+  });
+  any_found_ = any.load(std::memory_order_relaxed);
+  return any_found_;
+}
 
 bool cpu_supports(at::ScalarType dtype) {
   return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
@@ -359,12 +411,19 @@ bool check_cpu(c10::ArrayRef<at::Tensor> tensors, std::vector<uint8_t>* per_tens
   return run(tensors, /*write=*/false, 1.0f, per_tensor_found);
 }
 
-const char* bf16_unscale_path() {
-  return kHasAvx512Bf16 && !g_force_portable_bf16.load() ? "avx512-bf16" : "portable";
+const char* unscale_path(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return use_avx512(kAvx512.base) ? "avx512" : "portable";
+    case at::kBFloat16:
+      return use_avx512(kAvx512.bf16) ? "avx512-bf16" : "portable";
+    default:
+      return "portable";
+  }
 }
 
-void force_portable_bf16(bool on) {
-  g_force_portable_bf16.store(on);
+void force_portable(bool on) {
+  g_force_portable.store(on);
 }
 
 }  // namespace kernels
