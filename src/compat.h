@@ -6,8 +6,10 @@
 // TORCH_VERSION_MAJOR/MINOR from <torch/version.h>.
 
 #include <ATen/autocast_mode.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
@@ -65,6 +67,24 @@ constexpr bool kCpuAutocastFloat16 = TORCHAMP_TORCH_AT_LEAST(2, 2);
 /// ATen's `_amp_foreach_non_finite_check_and_unscale_` and `_amp_update_scale_`
 /// have CPU kernels from LibTorch 2.3 on.
 constexpr bool kAtenHasCpuAmpKernels = TORCHAMP_TORCH_AT_LEAST(2, 3);
+
+/// The first element of a dense tensor that has elements, for writing:
+/// `tensor.data_ptr()` without its out-of-line checks (a virtual
+/// has_storage() and more), for the GradScaler's per-step walk over
+/// thousands of gradients. LibTorch 2.1 made the storage's write access
+/// `mutable_data_ptr()`, which also materialises a copy-on-write storage
+/// (2.3+) before anyone writes to it.
+inline void* dense_data_for_write(const c10::TensorImpl& tensor) {
+  const c10::TensorImpl* impl = &tensor;
+  c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
+  TORCH_CHECK(storage != nullptr, "torchamp: a dense tensor without storage");
+#if TORCHAMP_TORCH_AT_LEAST(2, 1)
+  char* base = static_cast<char*>(storage->mutable_data_ptr().get());
+#else
+  char* base = static_cast<char*>(storage->data_ptr().get());
+#endif
+  return base + impl->storage_offset() * static_cast<int64_t>(impl->dtype().itemsize());
+}
 
 }  // namespace compat
 }  // namespace torchamp

@@ -1,7 +1,9 @@
 #include <torchamp/grad_scaler.h>
 
+#include "compat.h"
 #include "kernels/kernels.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/full.h>
@@ -11,12 +13,176 @@
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
+#include <atomic>
+#include <limits>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 namespace torchamp {
+namespace detail {
+
+// An optimizer's gradients as the CPU kernels take them, kept between steps:
+// what does not change from one step to the next (the parameter list, which
+// parameters have gradients, their dtypes, element counts, layouts, devices)
+// is validated once; a step only walks the parameters, confirms that each
+// gradient still has its recorded shape of things, and refreshes the data
+// pointers (gradients are usually new tensors every step: zero_grad() sets
+// them to none). No per-tensor validation, reference counting, allocation or
+// grouping.
+//
+// Built only when every gradient is a dense, contiguous CPU tensor of a dtype
+// the scaler unscales (float32, float64, bfloat16); anything else (sparse,
+// CUDA, non-contiguous, a dtype that must be refused) leaves it invalid and the
+// step takes the general path, whose validation throws the errors.
+//
+// A different number of groups or parameters (a parameter or group added or
+// removed), a gradient created or dropped, or one whose dispatch keys (device,
+// layout), dtype, element count or contiguity differ from its entry rebuilds
+// the cache before anything is unscaled.
+struct GradCache {
+  struct Entry {
+    c10::DispatchKeySet keys;  // of the gradient: device type, layout
+    int64_t numel;
+    caffe2::TypeMeta dtype;
+    bool has_grad;
+    int32_t span;  // index into `spans`; -1: no gradient or no elements
+    uint32_t group;
+    uint32_t index;
+  };
+  bool valid = false;
+  std::vector<size_t> group_sizes;
+  std::vector<Entry> entries;     // every parameter, in optimizer order
+  std::vector<uint32_t> span_of;  // span -> entry (gradients with elements)
+  size_t grads = 0;               // entries with a gradient
+  kernels::SpanList spans;        // data pointers refreshed every step
+};
+
+struct GradCaches::Map {
+  std::unordered_map<const torch::optim::Optimizer*, GradCache> caches;
+};
+
+GradCaches::GradCaches() : map_(std::make_unique<Map>()) {}
+GradCaches::~GradCaches() = default;
+GradCaches::GradCaches(const GradCaches& /*other*/) : map_(std::make_unique<Map>()) {}
+GradCaches& GradCaches::operator=(const GradCaches& other) {
+  if (this != &other) {
+    map_ = std::make_unique<Map>();
+  }
+  return *this;
+}
+GradCaches::GradCaches(GradCaches&& other) noexcept = default;
+GradCaches& GradCaches::operator=(GradCaches&& other) noexcept = default;
+
+GradCache& GradCaches::of(const torch::optim::Optimizer* optimizer) {
+  if (!map_) {  // moved from
+    map_ = std::make_unique<Map>();
+  }
+  return map_->caches[optimizer];
+}
+
+}  // namespace detail
+
 namespace {
+
+using detail::GradCache;
+
+bool cacheable(const at::Tensor& grad) {
+  const auto dtype = grad.scalar_type();
+  return grad.layout() == at::kStrided && grad.device().is_cpu() && grad.is_contiguous() &&
+         (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16);
+}
+
+// Whether the optimizer still looks as `cache` recorded; if so the spans'
+// data pointers are refreshed. Per parameter it reads only the gradient's
+// handle, the fields compared and the storage's data pointer, but each
+// parameter is a chain of four objects (parameter, autograd metadata,
+// gradient, storage), so with thousands of parameters the walk is split
+// across ATen's intra-op threads like the kernels.
+bool refresh_cache(GradCache& cache, const torch::optim::Optimizer& optimizer) {
+  const auto& groups = optimizer.param_groups();
+  if (!cache.valid || groups.size() != cache.group_sizes.size()) {
+    return false;
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].params().size() != cache.group_sizes[g]) {
+      return false;
+    }
+  }
+  std::atomic<bool> same{true};
+  constexpr int64_t kParamsPerTask = 2048;
+  at::parallel_for(0, static_cast<int64_t>(cache.entries.size()), kParamsPerTask,
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t i = begin; i < end; ++i) {
+                       const GradCache::Entry& e = cache.entries[i];
+                       const at::Tensor& param = groups[e.group].params()[e.index];
+                       // The impl's own accessor: Tensor::grad() also asks
+                       // autograd whether the tensor is a leaf, for a warning
+                       // that does not apply to parameters.
+                       const at::Tensor& grad = param.unsafeGetTensorImpl()->grad();
+                       if (!grad.defined()) {
+                         if (e.has_grad) {
+                           same.store(false, std::memory_order_relaxed);
+                           return;
+                         }
+                         continue;
+                       }
+                       const c10::TensorImpl* impl = grad.unsafeGetTensorImpl();
+                       if (!e.has_grad || impl->key_set() != e.keys || impl->dtype() != e.dtype ||
+                           impl->numel() != e.numel || !impl->is_contiguous()) {
+                         same.store(false, std::memory_order_relaxed);
+                         return;
+                       }
+                       if (e.span >= 0) {
+                         cache.spans.set_data(e.span, compat::dense_data_for_write(*impl));
+                       }
+                     }
+                   });
+  return same.load(std::memory_order_relaxed);
+}
+
+// A valid cache if every gradient is cacheable, else an invalid one. Throws
+// nothing: gradients that must be refused are left to the general path.
+GradCache build_cache(const torch::optim::Optimizer& optimizer) {
+  GradCache cache;
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& params = groups[g].params();
+    if (params.size() + cache.entries.size() >
+        static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+      return GradCache();  // beyond the entries' 32-bit indices: the general path
+    }
+    cache.group_sizes.push_back(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& grad = params[i].unsafeGetTensorImpl()->grad();
+      GradCache::Entry e;
+      e.keys = c10::DispatchKeySet();
+      e.numel = 0;
+      e.has_grad = grad.defined();
+      e.span = -1;
+      e.group = static_cast<uint32_t>(g);
+      e.index = static_cast<uint32_t>(i);
+      if (e.has_grad) {
+        if (!cacheable(grad)) {
+          return GradCache();
+        }
+        e.keys = grad.unsafeGetTensorImpl()->key_set();
+        e.dtype = grad.dtype();
+        e.numel = grad.numel();
+        ++cache.grads;
+        if (e.numel > 0) {
+          e.span = static_cast<int32_t>(cache.spans.size());
+          cache.spans.add(grad.data_ptr(), e.numel, grad.scalar_type());
+          cache.span_of.push_back(static_cast<uint32_t>(cache.entries.size()));
+        }
+      }
+      cache.entries.push_back(e);
+    }
+  }
+  cache.valid = true;
+  return cache;
+}
 
 std::string param_name(size_t group, size_t index) {
   return "param_groups[" + std::to_string(group) + "].params[" + std::to_string(index) + "]";
@@ -209,7 +375,43 @@ bool any_of(const std::vector<uint8_t>& flags) {
 
 }  // namespace
 
+bool GradScaler::unscale_cached_(torch::optim::Optimizer& optimizer, GradCache& cache,
+                                 OptimizerState& state) {
+  std::optional<bool> agreed;
+  if (found_inf_reducer_) {
+    const bool local = cache.spans.run(/*write=*/false, 1.0f);
+    agreed = found_inf_reducer_(local, c10::Device(c10::kCPU));
+  }
+  if (cache.grads == 0) {
+    return false;
+  }
+  const auto inv_scale = static_cast<float>(1.0 / static_cast<double>(schedule_.scale()));
+  std::vector<NonFiniteGradient> report;
+  if (cache.spans.run(/*write=*/inv_scale != 1.0f, inv_scale)) {
+    for (size_t s = 0; s < cache.spans.size(); ++s) {
+      if (cache.spans.found(s)) {
+        const GradCache::Entry& e = cache.entries[cache.span_of[s]];
+        const at::Tensor& param = optimizer.param_groups()[e.group].params()[e.index];
+        auto name = parameter_names_.find(param.unsafeGetTensorImpl());
+        report.push_back(
+            {e.group, e.index, name == parameter_names_.end() ? std::string() : name->second});
+      }
+    }
+  }
+  state.checked = true;
+  state.found_inf = agreed ? *agreed : !report.empty();
+  last_non_finite_[&optimizer] = std::move(report);
+  return true;
+}
+
 bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state) {
+  GradCache& cache = grad_caches_.of(&optimizer);
+  if (!refresh_cache(cache, optimizer)) {
+    cache = build_cache(optimizer);
+  }
+  if (cache.valid) {
+    return unscale_cached_(optimizer, cache, state);
+  }
   const std::vector<GradRef> grads = checked_grads(optimizer);  // throws before any change
   at::NoGradGuard no_grad;
   Buckets buckets = bucket_grads(grads);

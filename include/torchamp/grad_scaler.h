@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -32,6 +33,26 @@ namespace torchamp {
 namespace paddle {
 class GradScaler;
 }  // namespace paddle
+
+namespace detail {
+struct GradCache;
+/// Each optimizer's gradient list, kept between steps by a GradScaler (see
+/// grad_scaler.cpp). Only an accelerator: a copy starts empty.
+class GradCaches {
+ public:
+  GradCaches();
+  ~GradCaches();
+  GradCaches(const GradCaches& /*other*/);
+  GradCaches& operator=(const GradCaches& other);
+  GradCaches(GradCaches&& other) noexcept;
+  GradCaches& operator=(GradCaches&& other) noexcept;
+  GradCache& of(const torch::optim::Optimizer* optimizer);
+
+ private:
+  struct Map;
+  std::unique_ptr<Map> map_;
+};
+}  // namespace detail
 
 /// A scaler's serialisable state: a string-keyed dictionary of IValues, the
 /// type `torch::pickle_load(bytes).toGenericDict()` returns. An empty one is
@@ -258,6 +279,10 @@ class GradScaler {
   // Validates, then unscales; returns whether any gradient was checked.
   // Nothing is changed if it throws.
   bool unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state);
+  // The same for an optimizer whose gradients are all dense, contiguous CPU
+  // tensors of a supported dtype and match its cache (nothing can throw).
+  bool unscale_cached_(torch::optim::Optimizer& optimizer, detail::GradCache& cache,
+                       OptimizerState& state);
   std::string describe_non_finite(const torch::optim::Optimizer& optimizer) const;
 
   GradScalerOptions options_;
@@ -268,6 +293,7 @@ class GradScaler {
   std::unordered_map<const torch::optim::Optimizer*, std::vector<NonFiniteGradient>>
       last_non_finite_;
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
+  detail::GradCaches grad_caches_;
 };
 
 /// `torch::save(scaler, path)`: writes `state_dict()`'s entries into the
