@@ -69,10 +69,11 @@ struct Dtype {
 const Dtype kDtypes[] = {
     {"float32", at::kFloat}, {"bfloat16", at::kBFloat16}, {"float64", at::kDouble}};
 
-// Every method of a (case, dtype) runs over the very same buffers.
+// Every method of a (case, dtype) runs over the very same buffers. Keyed by
+// name: Google Benchmark hands each benchmark its own copy of the Case.
 std::vector<at::Tensor>& make_grads(const Case& c, at::ScalarType dtype) {
-  static std::map<std::pair<const Case*, at::ScalarType>, std::vector<at::Tensor>> cache;
-  auto& grads = cache[{&c, dtype}];
+  static std::map<std::pair<std::string, at::ScalarType>, std::vector<at::Tensor>> cache;
+  auto& grads = cache[{c.name, dtype}];
   if (grads.empty()) {
     torch::manual_seed(0);
     for (int64_t i = 0; i < c.tensors; ++i) {

@@ -13,6 +13,10 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <sstream>
+#include <string>
+#include <type_traits>
+
 #define TORCHAMP_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||           \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -84,6 +88,22 @@ inline void* dense_data_for_write(const c10::TensorImpl& tensor) {
   char* base = static_cast<char*>(storage->data_ptr().get());
 #endif
   return base + impl->storage_offset() * static_cast<int64_t>(impl->dtype().itemsize());
+}
+
+/// The key of a parameter in `torch::optim::Optimizer::state()`: LibTorch 2.x
+/// keys by the TensorImpl's address, 1.13 by that address printed as a
+/// string (as c10::guts::to_string printed it). Chosen from the map's own key
+/// type.
+template <class StateMap>
+typename StateMap::key_type optim_state_key(const StateMap& /*state*/, const at::Tensor& param) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;
+    os << static_cast<const void*>(param.unsafeGetTensorImpl());
+    return os.str();
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
 }
 
 }  // namespace compat

@@ -1,4 +1,5 @@
 #include <torchamp/grad_scaler.h>
+#include <torchamp/optim.h>
 
 #include "compat.h"
 #include "kernels/kernels.h"
@@ -376,7 +377,7 @@ bool any_of(const std::vector<uint8_t>& flags) {
 }  // namespace
 
 bool GradScaler::unscale_cached_(torch::optim::Optimizer& optimizer, GradCache& cache,
-                                 OptimizerState& state) {
+                                 OptimizerState& state, bool unscale) {
   std::optional<bool> agreed;
   if (found_inf_reducer_) {
     const bool local = cache.spans.run(/*write=*/false, 1.0f);
@@ -387,7 +388,7 @@ bool GradScaler::unscale_cached_(torch::optim::Optimizer& optimizer, GradCache& 
   }
   const auto inv_scale = static_cast<float>(1.0 / static_cast<double>(schedule_.scale()));
   std::vector<NonFiniteGradient> report;
-  if (cache.spans.run(/*write=*/inv_scale != 1.0f, inv_scale)) {
+  if (cache.spans.run(/*write=*/unscale && inv_scale != 1.0f, inv_scale)) {
     for (size_t s = 0; s < cache.spans.size(); ++s) {
       if (cache.spans.found(s)) {
         const GradCache::Entry& e = cache.entries[cache.span_of[s]];
@@ -404,13 +405,14 @@ bool GradScaler::unscale_cached_(torch::optim::Optimizer& optimizer, GradCache& 
   return true;
 }
 
-bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state) {
+bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state,
+                                bool unscale) {
   GradCache& cache = grad_caches_.of(&optimizer);
   if (!refresh_cache(cache, optimizer)) {
     cache = build_cache(optimizer);
   }
   if (cache.valid) {
-    return unscale_cached_(optimizer, cache, state);
+    return unscale_cached_(optimizer, cache, state, unscale);
   }
   const std::vector<GradRef> grads = checked_grads(optimizer);  // throws before any change
   at::NoGradGuard no_grad;
@@ -429,7 +431,8 @@ bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerSta
   }
   // PyTorch: inv_scale = scale.double().reciprocal().float()
   const auto inv_scale = static_cast<float>(1.0 / static_cast<double>(schedule_.scale()));
-  const std::vector<uint8_t> found = unscale_buckets(buckets, grads.size(), inv_scale);
+  const std::vector<uint8_t> found =
+      unscale_buckets(buckets, grads.size(), unscale ? inv_scale : 1.0f);
 
   std::vector<NonFiniteGradient> report;
   for (size_t r = 0; r < grads.size(); ++r) {
@@ -486,7 +489,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     TORCH_CHECK(it->second.stage != Stage::kStepped, "unscale_() is being called after step().");
   }
   OptimizerState state;
-  unscale_grads_(optimizer, state);  // no state is stored if this throws
+  unscale_grads_(optimizer, state, /*unscale=*/true);  // no state is stored if this throws
   state.stage = Stage::kUnscaled;
   per_optimizer_[&optimizer] = std::move(state);
 }
@@ -496,9 +499,11 @@ std::optional<at::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer) {
     return optimizer.step();
   }
   auto it = per_optimizer_.find(&optimizer);
-  if (it == per_optimizer_.end()) {  // ready: unscale here
+  if (it == per_optimizer_.end()) {  // ready: unscale here, or check for a fused update
+    auto* fused = dynamic_cast<optim::FusedStep*>(&optimizer);
     OptimizerState state;
-    TORCH_CHECK(unscale_grads_(optimizer, state),
+    state.deferred = fused != nullptr && fused->can_fuse();
+    TORCH_CHECK(unscale_grads_(optimizer, state, /*unscale=*/!state.deferred),
                 "No inf checks were recorded for this optimizer.");
     state.stage = Stage::kUnscaled;
     it = per_optimizer_.emplace(&optimizer, std::move(state)).first;
@@ -520,6 +525,10 @@ std::optional<at::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer) {
   std::optional<at::Tensor> result;
   if (state.found_inf) {
     ++consecutive_skips_;
+  } else if (state.deferred) {
+    dynamic_cast<optim::FusedStep&>(optimizer).fused_step(
+        static_cast<float>(1.0 / static_cast<double>(schedule_.scale())));
+    result = at::Tensor();
   } else {
     result = optimizer.step();
   }

@@ -3,7 +3,9 @@
 // A deliberately simple reference model, written from the specification (the
 // reference page, PyTorch's GradScaler, the core issue), runs side by side with
 // the real scaler over random call sequences: 1-3 SGD optimizers (lr 1, so a
-// step is p -= g), gradients with random inf/NaN, unscale_/step/update in any
+// step is p -= g; LibTorch's torch::optim::SGD or torchamp's fused one, whose
+// step through the scaler only checks the gradients and unscales them inside
+// the update, leaving them scaled), gradients with random inf/NaN, unscale_/step/update in any
 // order, update(new_scale), setters with good and bad values, state-dict
 // round trips through pickle into a fresh scaler, random options. After every
 // call it compares the error (none, or its type and message), the scale, both
@@ -13,6 +15,7 @@
 // sequences run; TORCHAMP_MODEL_SEED the first seed. A failure prints the seed
 // and the shortest failing sequence found by deleting calls one at a time.
 #include <torchamp/grad_scaler.h>
+#include <torchamp/optim.h>
 
 #include <torch/torch.h>
 
@@ -107,6 +110,7 @@ std::string to_string(const Call& c) {
 struct Scenario {
   GradScalerOptions options;
   std::vector<int> params_per_opt;  // each parameter has 3 elements
+  std::vector<bool> fused;          // per optimizer: torchamp::optim::SGD
   std::vector<Call> calls;
 };
 
@@ -125,6 +129,7 @@ struct Model {
     Stage stage = kReady;
     bool checked = false;
     bool found = false;
+    bool deferred = false;  // fused: gradients left scaled, unscaled inside the update
   };
   bool enabled, dynamic;
   float scale;
@@ -134,6 +139,7 @@ struct Model {
   // params[o][p] and grads[o][p] (grads: nullopt = undefined)
   std::vector<std::vector<std::vector<float>>> params;
   std::vector<std::vector<std::optional<std::vector<float>>>> grads;
+  std::vector<bool> fused;
 
   explicit Model(const Scenario& sc)
       : enabled(sc.options.enabled()),
@@ -144,7 +150,8 @@ struct Model {
         min_scale(sc.options.min_scale()),
         gi(sc.options.growth_interval()),
         bi(sc.options.backoff_interval()),
-        max_skips(sc.options.max_consecutive_skips()) {
+        max_skips(sc.options.max_consecutive_skips()),
+        fused(sc.fused) {
     for (int n : sc.params_per_opt) {
       params.emplace_back(n, std::vector<float>(3, 0.0f));
       grads.emplace_back(n);
@@ -153,9 +160,12 @@ struct Model {
 
   static bool finite(float v) { return std::isfinite(v); }
 
-  // unscale the optimizer's gradients; returns false when it has none.
-  bool unscale(int o) {
-    const float inv = static_cast<float>(1.0 / static_cast<double>(scale));
+  float inv_scale() const { return static_cast<float>(1.0 / static_cast<double>(scale)); }
+
+  // unscale the optimizer's gradients (or, `deferred`, only check them);
+  // returns false when it has none.
+  bool unscale(int o, bool deferred = false) {
+    const float inv = inv_scale();
     bool any = false, found = false;
     for (auto& g : grads[o]) {
       if (!g) {
@@ -164,11 +174,13 @@ struct Model {
       any = true;
       for (float& v : *g) {
         found = found || !finite(v);
-        v = v * inv;
+        if (!deferred) {
+          v = v * inv;
+        }
       }
     }
     if (any) {
-      opts[o] = {kUnscaled, true, found};
+      opts[o] = {kUnscaled, true, found, deferred};
     }
     return any;
   }
@@ -209,7 +221,7 @@ struct Model {
         if (st == kStepped) {
           return {Err::kRuntime, "step() has already been called since the last update()."};
         }
-        if (st == kReady && !unscale(c.opt)) {
+        if (st == kReady && !unscale(c.opt, /*deferred=*/fused[c.opt])) {
           return {Err::kRuntime, "No inf checks were recorded for this optimizer."};
         }
         Opt& o = opts[c.opt];
@@ -222,7 +234,7 @@ struct Model {
           }
           ++skips;
         } else {
-          sgd(c.opt);
+          sgd(c.opt, o.deferred ? inv_scale() : 1.0f);
         }
         o.stage = kStepped;
         return {};
@@ -291,11 +303,14 @@ struct Model {
     return {};
   }
 
-  void sgd(int o) {
+  // lr 1; `inv`: the fused update's unscale, in registers (g * inv rounded
+  // to float32, as unscale_ would have stored it).
+  void sgd(int o, float inv = 1.0f) {
     for (size_t p = 0; p < params[o].size(); ++p) {
       if (grads[o][p]) {
         for (size_t i = 0; i < 3; ++i) {
-          params[o][p][i] = params[o][p][i] - (*grads[o][p])[i];
+          const float g = (*grads[o][p])[i] * inv;
+          params[o][p][i] = params[o][p][i] - g;
         }
       }
     }
@@ -347,13 +362,17 @@ std::optional<std::string> run(const Scenario& sc) {
   Model model(sc);
   std::vector<std::vector<torch::Tensor>> params;
   std::vector<std::unique_ptr<torch::optim::SGD>> opts;
-  for (int n : sc.params_per_opt) {
+  for (size_t o = 0; o < sc.params_per_opt.size(); ++o) {
     std::vector<torch::Tensor> ps;
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < sc.params_per_opt[o]; ++i) {
       ps.push_back(torch::zeros({3}, torch::requires_grad()));
     }
     params.push_back(ps);
-    opts.push_back(std::make_unique<torch::optim::SGD>(ps, 1.0));
+    if (sc.fused[o]) {
+      opts.push_back(std::make_unique<torchamp::optim::SGD>(ps, 1.0));
+    } else {
+      opts.push_back(std::make_unique<torch::optim::SGD>(ps, 1.0));
+    }
   }
   for (size_t k = 0; k < sc.calls.size(); ++k) {
     const Call& c = sc.calls[k];
@@ -473,6 +492,7 @@ Scenario generate(uint64_t seed) {
   const int n_opts = pick(1, 1, 2, 3);
   for (int o = 0; o < n_opts; ++o) {
     sc.params_per_opt.push_back(pick(1, 2, 3));
+    sc.fused.push_back(chance(0.5));
   }
   const int n_calls = std::uniform_int_distribution<int>(5, 40)(rng);
   for (int k = 0; k < n_calls; ++k) {
@@ -563,9 +583,15 @@ TEST(ModelBased, RandomCallSequencesMatchTheReferenceModel) {
              << sc.options.init_scale() << " growth " << sc.options.growth_factor() << "/"
              << sc.options.growth_interval() << " backoff " << sc.options.backoff_factor() << "/"
              << sc.options.backoff_interval() << " min_scale " << sc.options.min_scale()
-             << " max_consecutive_skips " << sc.options.max_consecutive_skips()
-             << "\nshortest failing sequence (" << small.calls.size()
-             << " calls): " << run(small).value_or("") << "\n";
+             << " max_consecutive_skips " << sc.options.max_consecutive_skips() << " fused" <<
+          [&] {
+            std::string f;
+            for (bool b : sc.fused) {
+              f += b ? " yes" : " no";
+            }
+            return f;
+          }() << "\nshortest failing sequence ("
+             << small.calls.size() << " calls): " << run(small).value_or("") << "\n";
       for (const Call& c : small.calls) {
         report << "  " << to_string(c) << "\n";
       }

@@ -161,6 +161,12 @@ class GradScaler {
   /// (never twice), then returns `optimizer.step()`, or `std::nullopt`
   /// without calling it when a gradient was inf/NaN.
   ///
+  /// A torchamp::optim optimizer (torchamp/optim.h) whose gradients it can
+  /// take is not unscaled here: one read-only pass checks the gradients (and
+  /// the ranks agree, with a reducer), then its fused update multiplies them
+  /// by the inverse scale as it reads them, leaving the gradients themselves
+  /// scaled. A skipped step changes nothing: parameters, state, step counts.
+  ///
   /// With `max_consecutive_skips` = N > 0, the N-th skipped step in a row
   /// throws `c10::Error` instead, naming the scale, the count and the
   /// parameters with non-finite gradients (the gradients stay unscaled, the
@@ -274,15 +280,16 @@ class GradScaler {
     Stage stage = Stage::kReady;
     bool checked = false;    // at least one gradient was checked
     bool found_inf = false;  // agreed result (one host sync per device, at unscale)
+    bool deferred = false;   // gradients left scaled: a fused optimizer unscales in its step
   };
 
-  // Validates, then unscales; returns whether any gradient was checked.
-  // Nothing is changed if it throws.
-  bool unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state);
+  // Validates, then unscales (or, with `unscale` false, only checks); returns
+  // whether any gradient was checked. Nothing is changed if it throws.
+  bool unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state, bool unscale);
   // The same for an optimizer whose gradients are all dense, contiguous CPU
   // tensors of a supported dtype and match its cache (nothing can throw).
   bool unscale_cached_(torch::optim::Optimizer& optimizer, detail::GradCache& cache,
-                       OptimizerState& state);
+                       OptimizerState& state, bool unscale);
   std::string describe_non_finite(const torch::optim::Optimizer& optimizer) const;
 
   GradScalerOptions options_;

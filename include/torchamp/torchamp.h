@@ -9,6 +9,7 @@
 #include <torchamp/distributed.h>
 #endif
 #include <torchamp/grad_scaler.h>
+#include <torchamp/optim.h>
 #include <torchamp/paddle.h>
 #include <torchamp/scale_schedule.h>
 #include <torchamp/version.h>

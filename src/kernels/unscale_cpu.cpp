@@ -9,6 +9,8 @@
 
 #include "kernels.h"
 
+#include "bf16.h"
+
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
@@ -33,30 +35,6 @@ constexpr uint64_t kF64ExpMask = 0x7ff0000000000000ull;
 // Elements per parallel work item: large enough to amortise scheduling, small
 // enough that 10,000 small tensors still spread over every thread.
 constexpr int64_t kGrain = 1 << 15;
-
-inline uint32_t bits_of(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
-inline uint64_t bits_of(double v) {
-  uint64_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
-inline float float_of(uint32_t b) {
-  float v;
-  std::memcpy(&v, &b, sizeof v);
-  return v;
-}
-
-// float32 -> bfloat16, round to nearest even, NaN -> 0x7FC0: exactly
-// c10::BFloat16's conversion, written branch-free so it vectorises.
-inline uint16_t to_bf16(float v) {
-  const uint32_t b = bits_of(v);
-  const uint32_t rounded = (b + (((b >> 16) & 1u) + 0x7fffu)) >> 16;
-  return v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
-}
 
 // Span loops: return whether any input element had an all-ones exponent.
 
@@ -89,7 +67,7 @@ bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t b = static_cast<uint32_t>(p[i]) << 16;
     mag = std::max(mag, b & 0x7fffffffu);
-    p[i] = to_bf16(float_of(b) * inv);
+    p[i] = float_to_bf16(float_of(b) * inv);
   }
   return mag >= kF32ExpMask;
 }

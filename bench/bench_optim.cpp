@@ -1,0 +1,219 @@
+// The optimizer step, fused against LibTorch's own, in one run:
+//   base_*      torch::optim::{SGD, AdamW}::step (a chain of ATen operations
+//               per parameter);
+//   fused_*     torchamp::optim::{SGD, AdamW}::step (one fused pass);
+//   scaled_*    a training step's scaler work plus the step: scaler.step(opt)
+//               (LibTorch's optimizer: unscale_ pass, then its step; ours: a
+//               read-only check pass, then the fused step unscaling in
+//               registers) and scaler.update();
+//   ceiling     the bytes an ideal fused AdamW moves (read parameter,
+//               gradient and both moments, write parameter and both moments)
+//               as a plain streaming loop with the same threads.
+// Cases: float32 parameters, 1 x 16M, 100 x 160k, 10,000 x 100.
+//
+// Run: ./build/bench/bench_optim [--threads=N] [--benchmark_repetitions=3]
+
+#include <torchamp/grad_scaler.h>
+#include <torchamp/optim.h>
+
+#include "kernels/kernels.h"  // TORCHAMP_TARGET_CLONES, as the kernels
+
+#include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+struct Case {
+  const char* name;
+  int64_t tensors;
+  int64_t elements;
+};
+const Case kCases[] = {
+    {"1x16M", 1, 16 << 20}, {"100x160k", 100, 160 << 10}, {"10000x100", 10000, 100}};
+
+// Fresh parameters with gradients (fixed: the same every step).
+std::vector<at::Tensor> make_params(const Case& c) {
+  torch::manual_seed(0);
+  std::vector<at::Tensor> ps;
+  for (int64_t i = 0; i < c.tensors; ++i) {
+    auto p = torch::randn({c.elements});
+    p.mutable_grad() = torch::randn({c.elements}) * 1e-3;
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+double total_elements(const Case& c) {
+  return static_cast<double>(c.tensors) * static_cast<double>(c.elements);
+}
+
+// Bytes an ideal fused AdamW moves per step: 4 reads + 3 writes of float32.
+double adamw_bytes(const Case& c) {
+  return total_elements(c) * 4.0 * 7.0;
+}
+
+template <class Opt, class Options>
+void bm_step(benchmark::State& state, const Case& c, Options options) {
+  auto ps = make_params(c);
+  Opt opt(ps, options);
+  for (auto _ : state) {
+    opt.step();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * adamw_bytes(c)));
+}
+
+// Alternating scales 2 and 0.5: the unscale pass of the LibTorch path then
+// leaves the gradients where they are, run after run.
+template <class Opt, class Options>
+void bm_scaled(benchmark::State& state, const Case& c, Options options) {
+  auto ps = make_params(c);
+  Opt opt(ps, options);
+  torchamp::GradScaler scaler(torchamp::GradScalerOptions().init_scale(2.0));
+  int64_t i = 0;
+  for (auto _ : state) {
+    scaler.step(opt);
+    scaler.update((i++ & 1) ? 2.0 : 0.5);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * adamw_bytes(c)));
+}
+
+TORCHAMP_TARGET_CLONES void stream7(float* __restrict p, const float* __restrict g,
+                                    float* __restrict m, float* __restrict v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    m[i] = m[i] * 0.9f + gi;
+    v[i] = v[i] * 0.999f + gi;
+    p[i] = p[i] * 0.5f + gi;
+  }
+}
+
+void bm_ceiling(benchmark::State& state, const Case& c) {
+  auto ps = make_params(c);
+  std::vector<at::Tensor> ms, vs;
+  for (auto& p : ps) {
+    ms.push_back(torch::zeros_like(p));
+    vs.push_back(torch::zeros_like(p));
+  }
+  const int64_t total = c.tensors * c.elements;
+  for (auto _ : state) {
+    at::parallel_for(0, total, 1 << 15, [&](int64_t b, int64_t e) {
+      for (int64_t t = b / c.elements; t * c.elements < e; ++t) {
+        const int64_t lo = std::max(b, t * c.elements) - t * c.elements;
+        const int64_t hi = std::min(e, (t + 1) * c.elements) - t * c.elements;
+        stream7(ps[t].data_ptr<float>() + lo, ps[t].grad().data_ptr<float>() + lo,
+                ms[t].data_ptr<float>() + lo, vs[t].data_ptr<float>() + lo, hi - lo);
+      }
+    });
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * adamw_bytes(c)));
+}
+
+class Collector : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const auto& run : runs) {
+      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
+      if (median || run.run_type == Run::RT_Iteration) {
+        const std::string name = run.run_name.function_name;
+        if (median || !has_median.count(name)) {
+          seconds[name] = run.GetAdjustedRealTime() / 1e9;  // the time unit is ns
+        }
+        if (median) {
+          has_median[name] = true;
+        }
+      }
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+  std::map<std::string, double> seconds;
+  std::map<std::string, bool> has_median;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<char*> args = {argv[0]};
+  std::string min_time = "--benchmark_min_time=0.3";
+  bool has_min_time = false;
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
+    threads = std::atoi(omp);
+  }
+  for (int a = 1; a < argc; ++a) {
+    if (std::strncmp(argv[a], "--threads=", 10) == 0) {
+      threads = std::atoi(argv[a] + 10);
+      continue;
+    }
+    has_min_time = has_min_time || std::strncmp(argv[a], "--benchmark_min_time", 20) == 0;
+    args.push_back(argv[a]);
+  }
+  at::set_num_threads(std::max(threads, 1));
+  if (!has_min_time) {
+    args.push_back(min_time.data());
+  }
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+
+  const auto adamw = torch::optim::AdamWOptions(1e-3).weight_decay(0.01);
+  const auto sgd = torch::optim::SGDOptions(1e-3).momentum(0.9);
+  for (const auto& c : kCases) {
+    const std::string s = std::string("/") + c.name;
+    auto reg = [](const std::string& name, auto fn) {
+      benchmark::RegisterBenchmark(name.c_str(), fn)->UseRealTime()->Unit(benchmark::kNanosecond);
+    };
+    reg("base_adamw" + s,
+        [c, adamw](benchmark::State& st) { bm_step<torch::optim::AdamW>(st, c, adamw); });
+    reg("fused_adamw" + s,
+        [c, adamw](benchmark::State& st) { bm_step<torchamp::optim::AdamW>(st, c, adamw); });
+    reg("scaled_base_adamw" + s,
+        [c, adamw](benchmark::State& st) { bm_scaled<torch::optim::AdamW>(st, c, adamw); });
+    reg("scaled_fused_adamw" + s,
+        [c, adamw](benchmark::State& st) { bm_scaled<torchamp::optim::AdamW>(st, c, adamw); });
+    reg("base_sgd" + s, [c, sgd](benchmark::State& st) { bm_step<torch::optim::SGD>(st, c, sgd); });
+    reg("fused_sgd" + s,
+        [c, sgd](benchmark::State& st) { bm_step<torchamp::optim::SGD>(st, c, sgd); });
+    reg("ceiling" + s, [c](benchmark::State& st) { bm_ceiling(st, c); });
+  }
+  Collector collector;
+  benchmark::RunSpecifiedBenchmarks(&collector);
+  auto& t = collector.seconds;
+  std::printf(
+      "\nLibTorch %s, %d threads, float32 parameters; times in ms per step (medians)\n"
+      "| case | AdamW + scaler: LibTorch | torchamp | speedup | AdamW alone: LibTorch | "
+      "torchamp | speedup | fused AdamW GB/s | of ceiling | SGD(momentum) alone: LibTorch | "
+      "torchamp | speedup |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      TORCH_VERSION, at::get_num_threads());
+  for (const auto& c : kCases) {
+    const std::string s = std::string("/") + c.name;
+    if (!t.count("fused_adamw" + s) || !t.count("base_adamw" + s)) {
+      continue;
+    }
+    auto ms = [&](const std::string& k) { return t.count(k) ? t[k] * 1e3 : 0.0; };
+    const double fused = t["fused_adamw" + s];
+    const double gbps = adamw_bytes(c) / fused / 1e9;
+    const double ceiling = t.count("ceiling" + s) ? adamw_bytes(c) / t["ceiling" + s] / 1e9 : 0;
+    std::printf(
+        "| %s | %.3f | %.3f | %.1fx | %.3f | %.3f | %.1fx | %.1f | %.2f | %.3f | %.3f | %.1fx |\n",
+        c.name, ms("scaled_base_adamw" + s), ms("scaled_fused_adamw" + s),
+        ms("scaled_base_adamw" + s) / ms("scaled_fused_adamw" + s), ms("base_adamw" + s),
+        ms("fused_adamw" + s), ms("base_adamw" + s) / ms("fused_adamw" + s), gbps,
+        ceiling > 0 ? gbps / ceiling : 0.0, ms("base_sgd" + s), ms("fused_sgd" + s),
+        ms("base_sgd" + s) / ms("fused_sgd" + s));
+  }
+  benchmark::Shutdown();
+  return 0;
+}

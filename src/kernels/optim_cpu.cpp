@@ -1,0 +1,212 @@
+// Fused optimizer kernels: the arithmetic of LibTorch's C++ SGD, Adam and
+// AdamW steps (torch/csrc/api/src/optim/{sgd,adam,adamw}.cpp), element by
+// element in one loop per parameter instead of a chain of ATen operations,
+// with the loss scale's inverse folded into the gradient read. Built with
+// -O3 -fno-math-errno (so that sqrt vectorises) and cloned for AVX2 like the
+// unscale loops.
+
+#include "optim_kernels.h"
+
+#include "bf16.h"
+#include "kernels.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace torchamp {
+namespace kernels {
+namespace {
+
+// Elements per parallel work item, as the unscale kernels.
+constexpr int64_t kGrain = 1 << 15;
+
+// Storage type S, compute type M.
+template <class S>
+struct Io {
+  using M = S;
+  static M load(const S* p, int64_t i) { return p[i]; }
+  static void store(S* p, int64_t i, M v) { p[i] = v; }
+};
+template <>
+struct Io<uint16_t> {  // bfloat16 bits
+  using M = float;
+  static float load(const uint16_t* p, int64_t i) { return bf16_to_float(p[i]); }
+  static void store(uint16_t* p, int64_t i, float v) { p[i] = float_to_bf16(v); }
+};
+
+template <class S, bool kDecoupled, bool kAmsgrad>
+__attribute__((always_inline)) inline void adam_loop(const AdamJob& j, int64_t b, int64_t e,
+                                                     float inv) {
+  using M = typename Io<S>::M;
+  S* __restrict p = static_cast<S*>(j.param);
+  const S* __restrict g = static_cast<const S*>(j.grad);
+  S* __restrict m = static_cast<S*>(j.exp_avg);
+  S* __restrict v = static_cast<S*>(j.exp_avg_sq);
+  S* __restrict vmax = static_cast<S*>(j.max_exp_avg_sq);
+  // As ATen rounds its Scalars to the tensor's compute type.
+  const M minv = static_cast<M>(inv);
+  const M beta1 = static_cast<M>(j.beta1), one_minus_beta1 = static_cast<M>(1 - j.beta1);
+  const M beta2 = static_cast<M>(j.beta2), one_minus_beta2 = static_cast<M>(1 - j.beta2);
+  const M eps = static_cast<M>(j.eps), bc2_sqrt = static_cast<M>(j.bias_correction2_sqrt);
+  const M neg_step_size = static_cast<M>(-j.step_size);
+  const M wd = static_cast<M>(j.weight_decay);
+  const M decay = static_cast<M>(1 - j.lr * j.weight_decay);
+  const bool has_wd = j.weight_decay != 0;
+  for (int64_t i = b; i < e; ++i) {
+    M gi = Io<S>::load(g, i) * minv;
+    M pi = Io<S>::load(p, i);
+    if (has_wd) {
+      if (kDecoupled) {
+        pi = pi * decay;  // param.mul_(1 - lr * weight_decay)
+      } else {
+        gi = gi + wd * pi;  // grad.add(param, weight_decay)
+      }
+    }
+    const M mi = Io<S>::load(m, i) * beta1 + one_minus_beta1 * gi;
+    const M vi = Io<S>::load(v, i) * beta2 + one_minus_beta2 * gi * gi;
+    M vd = vi;
+    if (kAmsgrad) {
+      vd = std::max(Io<S>::load(vmax, i), vi);  // max_out(max_exp_avg_sq, exp_avg_sq, ...)
+      Io<S>::store(vmax, i, vd);
+    }
+    const M denom = std::sqrt(vd) / bc2_sqrt + eps;
+    pi = pi + neg_step_size * mi / denom;  // param.addcdiv_(exp_avg, denom, -step_size)
+    // Each stored tensor rounded once (bfloat16); the update used the unrounded values.
+    Io<S>::store(m, i, mi);
+    Io<S>::store(v, i, vi);
+    Io<S>::store(p, i, pi);
+  }
+}
+
+// The clones: target_clones does not apply to templates, so one plain
+// function per instantiation.
+#define TORCHAMP_ADAM_LOOP(NAME, S, DECOUPLED, AMSGRAD)                                 \
+  TORCHAMP_TARGET_CLONES void NAME(const AdamJob& j, int64_t b, int64_t e, float inv) { \
+    adam_loop<S, DECOUPLED, AMSGRAD>(j, b, e, inv);                                     \
+  }
+TORCHAMP_ADAM_LOOP(adam_f32, float, false, false)
+TORCHAMP_ADAM_LOOP(adam_f32_ams, float, false, true)
+TORCHAMP_ADAM_LOOP(adamw_f32, float, true, false)
+TORCHAMP_ADAM_LOOP(adamw_f32_ams, float, true, true)
+TORCHAMP_ADAM_LOOP(adam_f64, double, false, false)
+TORCHAMP_ADAM_LOOP(adam_f64_ams, double, false, true)
+TORCHAMP_ADAM_LOOP(adamw_f64, double, true, false)
+TORCHAMP_ADAM_LOOP(adamw_f64_ams, double, true, true)
+TORCHAMP_ADAM_LOOP(adam_bf16, uint16_t, false, false)
+TORCHAMP_ADAM_LOOP(adam_bf16_ams, uint16_t, false, true)
+TORCHAMP_ADAM_LOOP(adamw_bf16, uint16_t, true, false)
+TORCHAMP_ADAM_LOOP(adamw_bf16_ams, uint16_t, true, true)
+#undef TORCHAMP_ADAM_LOOP
+
+void adam_span(const AdamJob& j, int64_t b, int64_t e, float inv) {
+  const bool ams = j.max_exp_avg_sq != nullptr;
+  switch (j.dtype) {
+    case at::kFloat:
+      return j.decoupled ? (ams ? adamw_f32_ams : adamw_f32)(j, b, e, inv)
+                         : (ams ? adam_f32_ams : adam_f32)(j, b, e, inv);
+    case at::kDouble:
+      return j.decoupled ? (ams ? adamw_f64_ams : adamw_f64)(j, b, e, inv)
+                         : (ams ? adam_f64_ams : adam_f64)(j, b, e, inv);
+    case at::kBFloat16:
+      return j.decoupled ? (ams ? adamw_bf16_ams : adamw_bf16)(j, b, e, inv)
+                         : (ams ? adam_bf16_ams : adam_bf16)(j, b, e, inv);
+    default:
+      TORCH_INTERNAL_ASSERT(false, "unreachable dtype ", j.dtype);
+  }
+}
+
+template <class S>
+__attribute__((always_inline)) inline void sgd_loop(const SgdJob& j, int64_t b, int64_t e,
+                                                    float inv) {
+  using M = typename Io<S>::M;
+  S* __restrict p = static_cast<S*>(j.param);
+  const S* __restrict g = static_cast<const S*>(j.grad);
+  S* __restrict buf = static_cast<S*>(j.momentum_buffer);
+  const M minv = static_cast<M>(inv);
+  const M wd = static_cast<M>(j.weight_decay);
+  const M momentum = static_cast<M>(j.momentum);
+  const M one_minus_dampening = static_cast<M>(1 - j.dampening);
+  const M neg_lr = static_cast<M>(-1 * j.lr);
+  const bool has_wd = j.weight_decay != 0, has_momentum = buf != nullptr, first = j.first,
+             nesterov = j.nesterov;
+  for (int64_t i = b; i < e; ++i) {
+    M d = Io<S>::load(g, i) * minv;
+    const M pi = Io<S>::load(p, i);
+    if (has_wd) {
+      d = d + wd * pi;  // d_p.add(param, weight_decay)
+    }
+    if (has_momentum) {
+      // First step: clone(d_p); then buf.mul_(momentum).add_(d_p, 1 - dampening).
+      const M bi = first ? d : Io<S>::load(buf, i) * momentum + one_minus_dampening * d;
+      Io<S>::store(buf, i, bi);
+      d = nesterov ? d + momentum * bi : bi;
+    }
+    Io<S>::store(p, i, pi + neg_lr * d);
+  }
+}
+
+TORCHAMP_TARGET_CLONES void sgd_f32(const SgdJob& j, int64_t b, int64_t e, float inv) {
+  sgd_loop<float>(j, b, e, inv);
+}
+TORCHAMP_TARGET_CLONES void sgd_f64(const SgdJob& j, int64_t b, int64_t e, float inv) {
+  sgd_loop<double>(j, b, e, inv);
+}
+TORCHAMP_TARGET_CLONES void sgd_bf16(const SgdJob& j, int64_t b, int64_t e, float inv) {
+  sgd_loop<uint16_t>(j, b, e, inv);
+}
+
+void sgd_span(const SgdJob& j, int64_t b, int64_t e, float inv) {
+  switch (j.dtype) {
+    case at::kFloat:
+      return sgd_f32(j, b, e, inv);
+    case at::kDouble:
+      return sgd_f64(j, b, e, inv);
+    case at::kBFloat16:
+      return sgd_bf16(j, b, e, inv);
+    default:
+      TORCH_INTERNAL_ASSERT(false, "unreachable dtype ", j.dtype);
+  }
+}
+
+// Runs span(job, begin, end) over the concatenation of every job's elements,
+// split across ATen's intra-op threads (one thread below a grain).
+template <class Job, class Span>
+void run_jobs(const std::vector<Job>& jobs, float inv, Span span) {
+  std::vector<int64_t> offsets(jobs.size() + 1, 0);
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    TORCH_INTERNAL_ASSERT(jobs[k].numel >= 0 && optim_supports(jobs[k].dtype));
+    offsets[k + 1] = offsets[k] + jobs[k].numel;
+  }
+  at::parallel_for(0, offsets.back(), kGrain, [&](int64_t begin, int64_t end) {
+    auto k = static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), begin) -
+                                 offsets.begin() - 1);
+    for (int64_t pos = begin; pos < end; ++k) {
+      const int64_t stop = std::min(end, offsets[k + 1]);
+      if (stop > pos) {
+        span(jobs[k], pos - offsets[k], stop - offsets[k], inv);
+      }
+      pos = stop;
+    }
+  });
+}
+
+}  // namespace
+
+bool optim_supports(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16;
+}
+
+void adam_step_cpu(const std::vector<AdamJob>& jobs, float inv_scale) {
+  run_jobs(jobs, inv_scale, adam_span);
+}
+
+void sgd_step_cpu(const std::vector<SgdJob>& jobs, float inv_scale) {
+  run_jobs(jobs, inv_scale, sgd_span);
+}
+
+}  // namespace kernels
+}  // namespace torchamp

@@ -1,0 +1,65 @@
+#pragma once
+
+// Internal interface of the fused optimizer kernels (not installed).
+//
+// One pass over each parameter's data per step, many parameters per call,
+// split across ATen's intra-op threads: the gradient is read once (multiplied
+// by `inv_scale` in registers, never written), the parameter and the state
+// are read and written once. float32 and float64 compute in their own type;
+// bfloat16 in float32, each stored tensor rounded once (round to nearest
+// even, as c10::BFloat16).
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace torchamp {
+namespace kernels {
+
+/// One parameter of an Adam or AdamW step: every pointer is to `numel`
+/// contiguous elements of `dtype`. The scalars are the base class's, in
+/// double; the kernel rounds them to the compute type as ATen's ops do.
+struct AdamJob {
+  void* param;
+  const void* grad;
+  void* exp_avg;
+  void* exp_avg_sq;
+  void* max_exp_avg_sq;  // null unless amsgrad
+  int64_t numel;
+  at::ScalarType dtype;
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+  double step_size;              // lr / (1 - beta1^step)
+  double bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+  bool decoupled;                // AdamW: p *= 1 - lr * weight_decay; Adam: g += weight_decay * p
+};
+
+/// One parameter of an SGD step. `momentum_buffer` is null when momentum is
+/// 0; with `first` it is written (the base class's clone of the first
+/// direction) rather than read.
+struct SgdJob {
+  void* param;
+  const void* grad;
+  void* momentum_buffer;
+  int64_t numel;
+  at::ScalarType dtype;
+  double lr;
+  double momentum;
+  double dampening;
+  double weight_decay;
+  bool nesterov;
+  bool first;
+};
+
+/// True for the dtypes the fused kernels take: float32, float64, bfloat16.
+bool optim_supports(at::ScalarType dtype);
+
+void adam_step_cpu(const std::vector<AdamJob>& jobs, float inv_scale);
+void sgd_step_cpu(const std::vector<SgdJob>& jobs, float inv_scale);
+
+}  // namespace kernels
+}  // namespace torchamp
