@@ -36,6 +36,26 @@ if(NOT first MATCHES "^0,fp32,[0-9.e+-]+,1,0,[0-9.e+-]+,[0-9.e+-]+$")
   message(FATAL_ERROR "first row: ${first}")
 endif()
 
+# The optimizer-step column, and torchamp's fused AdamW with the scaler.
+if(NOT out MATCHES "optimizer step \\| wall time" OR NOT out MATCHES "\\| [0-9.]+ ms \\| [0-9.]+ s \\|")
+  message(FATAL_ERROR "optimizer-step column missing:\n${out}")
+endif()
+execute_process(COMMAND "${APP}" --epochs 2 --batch-size 64 --modes fp32,fp16+scaler
+                        --optimizer adamw --fused --out "${WORK}/fused"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "torchamp's fused adamw, lr 0.003")
+  message(FATAL_ERROR "torchamp-train --optimizer adamw --fused failed (${rc}):\n${out}\n${err}")
+endif()
+# Two epochs of AdamW learn the digits well past chance (10%).
+if(NOT out MATCHES "\\| fp16\\+scaler \\| [0-9.]+ \\| [5-9][0-9]\\.[0-9]+% \\|")
+  message(FATAL_ERROR "fused AdamW did not learn:\n${out}")
+endif()
+execute_process(COMMAND "${APP}" --optimizer adam --out "${WORK}/bad"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT "${out}${err}" MATCHES "optimizer")
+  message(FATAL_ERROR "--optimizer adam: expected exit 2 naming the option, got ${rc}:\n${out}${err}")
+endif()
+
 # Deterministic for a given seed: a second run writes the same CSV.
 execute_process(COMMAND "${APP}" --epochs 1 --batch-size 64 --modes fp32,fp16,fp16+scaler
                         --out "${WORK}/again" RESULT_VARIABLE rc OUTPUT_QUIET)

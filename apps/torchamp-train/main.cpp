@@ -105,14 +105,15 @@ std::string percent(double f) {
 
 void print_table(std::ostream& os, const std::vector<ModeResult>& results) {
   os << "\n| mode | final train loss | test accuracy | skipped steps | final scale "
-        "| fp16-flushed act. grads | fp16-subnormal act. grads | wall time |\n"
-        "|---|---|---|---|---|---|---|---|\n";
+        "| fp16-flushed act. grads | fp16-subnormal act. grads | optimizer step | wall time |\n"
+        "|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results) {
     char row[512];
-    std::snprintf(row, sizeof row, "| %s | %.4f | %.2f%% | %lld | %g | %s | %s | %.1f s |\n",
+    std::snprintf(row, sizeof row,
+                  "| %s | %.4f | %.2f%% | %lld | %g | %s | %s | %.3f ms | %.1f s |\n",
                   r.mode.c_str(), r.final_loss, 100.0 * r.test_accuracy,
                   static_cast<long long>(r.skipped), r.final_scale, percent(r.underflow).c_str(),
-                  percent(r.subnormal).c_str(), r.seconds);
+                  percent(r.subnormal).c_str(), r.step_ms, r.seconds);
     os << row;
   }
 }
@@ -207,9 +208,14 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", config.batch_size, "Mini-batch size")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
-  app.add_option("--lr", config.lr, "SGD learning rate (momentum 0.9)")
-      ->check(CLI::PositiveNumber)
+  app.add_option("--lr", config.lr, "Learning rate (default 0.05 for SGD, 0.003 for AdamW)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", config.optimizer, "sgd (momentum 0.9) or adamw (weight decay 1e-4)")
+      ->check(CLI::IsMember({"sgd", "adamw"}))
       ->capture_default_str();
+  app.add_flag("--fused", config.fused,
+               "torchamp::optim's fused optimizer (the scaler unscales inside its update) "
+               "instead of LibTorch's");
   app.add_option("--modes", modes, "Modes to run, comma-separated")
       ->delimiter(',')
       ->check(CLI::IsMember(known_modes()))
@@ -235,6 +241,9 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   config.seed = static_cast<uint64_t>(seed);
+  if (app.count("--lr") == 0 && config.optimizer == "adamw") {
+    config.lr = 0.003;
+  }
   const std::vector<std::string> here = available_modes();
   for (const auto& m : modes) {
     if (std::find(here.begin(), here.end(), m) == here.end()) {
@@ -250,7 +259,8 @@ int main(int argc, char** argv) {
     fs::create_directories(out);
     std::cout << "torchamp-train: " << train.x.size(0) << " training and " << test.x.size(0)
               << " test images from " << data_path << "; " << config.epochs << " epochs, batch "
-              << config.batch_size << ", lr " << config.lr << ", seed " << config.seed
+              << config.batch_size << ", " << (config.fused ? "torchamp's fused " : "LibTorch's ")
+              << config.optimizer << ", lr " << config.lr << ", seed " << config.seed
               << "; output in " << out.string() << "\n";
     std::cout << "LibTorch " << TORCH_VERSION << ": the fp16 modes "
               << (cpu_fp16_autocast() ? "run under CPU float16 autocast (matmuls in float16)"

@@ -2,10 +2,12 @@
 
 #include <torchamp/autocast.h>
 #include <torchamp/grad_scaler.h>
+#include <torchamp/optim.h>
 
 #include <torch/torch.h>
 
 #include <chrono>
+#include <memory>
 
 namespace torchamp_train {
 namespace {
@@ -71,6 +73,25 @@ bool cuda_present() {
   return torch::cuda::is_available();
 }
 
+// LibTorch's optimizer, or torchamp's fused one of the same name (the same
+// options either way).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> params,
+                                                        const Config& config) {
+  if (config.optimizer == "adamw") {
+    const auto options = torch::optim::AdamWOptions(config.lr).weight_decay(1e-4);
+    if (config.fused) {
+      return std::make_unique<torchamp::optim::AdamW>(std::move(params), options);
+    }
+    return std::make_unique<torch::optim::AdamW>(std::move(params), options);
+  }
+  TORCH_CHECK_VALUE(config.optimizer == "sgd", "unknown optimizer '", config.optimizer, "'");
+  const auto options = torch::optim::SGDOptions(config.lr).momentum(0.9);
+  if (config.fused) {
+    return std::make_unique<torchamp::optim::SGD>(std::move(params), options);
+  }
+  return std::make_unique<torch::optim::SGD>(std::move(params), options);
+}
+
 }  // namespace
 
 bool cpu_fp16_autocast() {
@@ -106,7 +127,10 @@ ModeResult train_mode(const std::string& mode, const Dataset& train, const Datas
   torch::manual_seed(config.seed);  // the same initial weights in every mode
   auto net = std::make_shared<Net>();
   net->to(device);
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(config.lr).momentum(0.9));
+  const std::unique_ptr<torch::optim::Optimizer> optimizer_ptr =
+      make_optimizer(net->parameters(), config);
+  torch::optim::Optimizer& optimizer = *optimizer_ptr;
+  double step_seconds = 0;
   torchamp::GradScaler scaler(torchamp::GradScalerOptions()
                                   .init_scale(config.init_scale)
                                   .growth_interval(config.growth_interval)
@@ -144,9 +168,12 @@ ModeResult train_mode(const std::string& mode, const Dataset& train, const Datas
       }
       const at::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y);
       scaler.scale(loss).backward();
+      const auto step_start = std::chrono::steady_clock::now();
       if (!scaler.step(optimizer).has_value()) {
         ++result.skipped;
       }
+      step_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
       if (result.scaled) {
         scaler.update();
       }
@@ -178,6 +205,7 @@ ModeResult train_mode(const std::string& mode, const Dataset& train, const Datas
   result.underflow = overall.fraction(overall.flushed);
   result.subnormal = overall.fraction(overall.subnormal);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.step_ms = step > 0 ? 1e3 * step_seconds / static_cast<double>(step) : 0.0;
   return result;
 }
 

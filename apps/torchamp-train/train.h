@@ -18,7 +18,9 @@ struct Config {
   double lr = 0.05;
   uint64_t seed = 0;
   double init_scale = 65536.0;
-  int64_t growth_interval = 50;  // short, so the sawtooth shows in a short run
+  int64_t growth_interval = 50;   // short, so the sawtooth shows in a short run
+  std::string optimizer = "sgd";  // "sgd" (momentum 0.9) or "adamw"
+  bool fused = false;             // torchamp::optim's fused optimizer instead of LibTorch's
 };
 
 /// One optimizer step of one mode.
@@ -43,6 +45,7 @@ struct ModeResult {
   double underflow = 0;  // over the whole run
   double subnormal = 0;
   double seconds = 0;
+  double step_ms = 0;  // mean time of the optimizer step (scaler.step: unscale, check, update)
 };
 
 /// Whether the fp16 modes run under real CPU float16 autocast (LibTorch >=
