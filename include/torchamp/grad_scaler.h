@@ -169,8 +169,9 @@ class GradScaler {
   ///
   /// With `max_consecutive_skips` = N > 0, the N-th skipped step in a row
   /// throws `c10::Error` instead, naming the scale, the count and the
-  /// parameters with non-finite gradients (the gradients stay unscaled, the
-  /// stage stays unscaled).
+  /// parameters with non-finite gradients (the gradients stay unscaled, or
+  /// still scaled for a fused torchamp::optim optimizer; the stage stays
+  /// unscaled).
   ///
   /// Throws `c10::Error` if `step` already ran since the last `update()`, or
   /// "No inf checks were recorded for this optimizer." when the optimizer has
