@@ -378,17 +378,22 @@ bool any_of(const std::vector<uint8_t>& flags) {
 
 bool GradScaler::unscale_cached_(torch::optim::Optimizer& optimizer, GradCache& cache,
                                  OptimizerState& state, bool unscale) {
+  const auto inv_scale = static_cast<float>(1.0 / static_cast<double>(schedule_.scale()));
+  const bool write = unscale && inv_scale != 1.0f;
   std::optional<bool> agreed;
+  bool any = false;
   if (found_inf_reducer_) {
-    const bool local = cache.spans.run(/*write=*/false, 1.0f);
-    agreed = found_inf_reducer_(local, c10::Device(c10::kCPU));
+    any = cache.spans.run(/*write=*/false, 1.0f);
+    agreed = found_inf_reducer_(any, c10::Device(c10::kCPU));
   }
   if (cache.grads == 0) {
     return false;
   }
-  const auto inv_scale = static_cast<float>(1.0 / static_cast<double>(schedule_.scale()));
+  if (write || !agreed) {  // a check pass already gave the flags when nothing is written
+    any = cache.spans.run(write, inv_scale);
+  }
   std::vector<NonFiniteGradient> report;
-  if (cache.spans.run(/*write=*/unscale && inv_scale != 1.0f, inv_scale)) {
+  if (any) {
     for (size_t s = 0; s < cache.spans.size(); ++s) {
       if (cache.spans.found(s)) {
         const GradCache::Entry& e = cache.entries[cache.span_of[s]];

@@ -6,9 +6,11 @@
 // of gradients. The GradScaler calls these; nothing here knows about
 // optimizers or stages.
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <vector>
@@ -27,6 +29,31 @@
 
 namespace torchamp {
 namespace kernels {
+
+/// Elements per parallel work item of the CPU kernels: large enough to
+/// amortise scheduling, small enough that 10,000 small tensors still spread
+/// over every thread.
+constexpr int64_t kGrain = 1 << 15;
+
+/// The kernels' one way of splitting work: over the concatenation of spans
+/// whose prefix sums are `offsets` (offsets[i]: first element of span i;
+/// back(): the total), across ATen's intra-op threads in pieces of at least a
+/// grain (below one grain, all on the calling thread). Calls
+/// f(span, begin, end) for each non-empty piece [begin, end) of a span.
+template <class F>
+void for_each_piece(const std::vector<int64_t>& offsets, const F& f) {
+  at::parallel_for(0, offsets.back(), kGrain, [&](int64_t begin, int64_t end) {
+    auto s = static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), begin) -
+                                 offsets.begin() - 1);
+    for (int64_t pos = begin; pos < end; ++s) {
+      const int64_t stop = std::min(end, offsets[s + 1]);
+      if (stop > pos) {
+        f(s, pos - offsets[s], stop - offsets[s]);
+      }
+      pos = stop;
+    }
+  });
+}
 
 /// True for the dtypes the CPU kernels handle: float32, float64, bfloat16 and
 /// float16 (the last for ATen's op; the GradScaler refuses float16 gradients).

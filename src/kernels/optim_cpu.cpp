@@ -10,7 +10,6 @@
 #include "bf16.h"
 #include "kernels.h"
 
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -20,9 +19,6 @@
 namespace torchamp {
 namespace kernels {
 namespace {
-
-// Elements per parallel work item, as the unscale kernels.
-constexpr int64_t kGrain = 1 << 15;
 
 // Storage type S, compute type M.
 template <class S>
@@ -172,8 +168,8 @@ void sgd_span(const SgdJob& j, int64_t b, int64_t e, float inv) {
   }
 }
 
-// Runs span(job, begin, end) over the concatenation of every job's elements,
-// split across ATen's intra-op threads (one thread below a grain).
+// Runs span(job, begin, end, inv) over every job's elements, split as the
+// unscale kernels split theirs.
 template <class Job, class Span>
 void run_jobs(const std::vector<Job>& jobs, float inv, Span span) {
   std::vector<int64_t> offsets(jobs.size() + 1, 0);
@@ -181,17 +177,8 @@ void run_jobs(const std::vector<Job>& jobs, float inv, Span span) {
     TORCH_INTERNAL_ASSERT(jobs[k].numel >= 0 && optim_supports(jobs[k].dtype));
     offsets[k + 1] = offsets[k] + jobs[k].numel;
   }
-  at::parallel_for(0, offsets.back(), kGrain, [&](int64_t begin, int64_t end) {
-    auto k = static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), begin) -
-                                 offsets.begin() - 1);
-    for (int64_t pos = begin; pos < end; ++k) {
-      const int64_t stop = std::min(end, offsets[k + 1]);
-      if (stop > pos) {
-        span(jobs[k], pos - offsets[k], stop - offsets[k], inv);
-      }
-      pos = stop;
-    }
-  });
+  for_each_piece(offsets,
+                 [&](size_t k, int64_t begin, int64_t end) { span(jobs[k], begin, end, inv); });
 }
 
 }  // namespace

@@ -11,7 +11,6 @@
 
 #include "bf16.h"
 
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
@@ -31,10 +30,6 @@ namespace {
 
 constexpr uint32_t kF32ExpMask = 0x7f800000u;
 constexpr uint64_t kF64ExpMask = 0x7ff0000000000000ull;
-
-// Elements per parallel work item: large enough to amortise scheduling, small
-// enough that 10,000 small tensors still spread over every thread.
-constexpr int64_t kGrain = 1 << 15;
 
 // Span loops: return whether any input element had an all-ones exponent.
 
@@ -353,21 +348,9 @@ bool SpanList::run(bool write, float inv) {
     return false;
   }
   std::atomic<bool> any{false};
-  // Below one grain at::parallel_for runs the lambda once, on this thread.
-  at::parallel_for(0, total_elements(), kGrain, [&](int64_t begin, int64_t end) {
-    // First span that holds `begin`.
-    auto s = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), begin) -
-                                 offsets_.begin() - 1);
-    bool local = false;
-    for (int64_t pos = begin; pos < end; ++s) {
-      const int64_t span_end = std::min(end, offsets_[s + 1]);
-      if (run_span(spans_[s], pos - offsets_[s], span_end - offsets_[s], write, inv)) {
-        local = true;
-        found_[s].store(1, std::memory_order_relaxed);
-      }
-      pos = span_end;
-    }
-    if (local) {
+  for_each_piece(offsets_, [&](size_t s, int64_t begin, int64_t end) {
+    if (run_span(spans_[s], begin, end, write, inv)) {
+      found_[s].store(1, std::memory_order_relaxed);
       any.store(true, std::memory_order_relaxed);
     }
   });
