@@ -277,7 +277,7 @@ struct Buckets {
   std::vector<size_t> cpu_ref;
   // CUDA buckets keyed by (device index, dtype); any other device as is.
   std::map<std::pair<c10::DeviceIndex, at::ScalarType>, std::vector<at::Tensor>> cuda;
-  std::vector<at::Tensor> other;
+  std::vector<at::Tensor> other;                          // other devices, and bfloat16 on CUDA
   std::vector<std::pair<at::Tensor, size_t>> device_ref;  // every non-CPU tensor
 };
 
@@ -296,7 +296,9 @@ Buckets bucket_grads(const std::vector<GradRef>& grads) {
       b.cpu_ref.push_back(r);
       continue;
     }
-    if (grad.device().is_cuda()) {
+    // ATen's CUDA kernel takes float32/float64 (and float16) only: bfloat16
+    // gradients on CUDA take the per-tensor path below.
+    if (grad.device().is_cuda() && grad.scalar_type() != at::kBFloat16) {
       b.cuda[{grad.device().index(), grad.scalar_type()}].push_back(grad);
     } else {
       b.other.push_back(grad);
@@ -339,7 +341,8 @@ std::vector<uint8_t> unscale_buckets(Buckets& b, size_t n, float inv_scale) {
         at::full({1}, inv_scale, at::TensorOptions().dtype(at::kFloat).device(device));
     at::_amp_foreach_non_finite_check_and_unscale_(bucket, flag_for(device), inv);
   }
-  // Any other device: plain ATen ops, same arithmetic (bfloat16 in float32).
+  // Any other device (and CUDA bfloat16): plain ATen ops per tensor, the same
+  // arithmetic (bfloat16 in float32, rounded once).
   for (at::Tensor& grad : b.other) {
     flag_for(grad.device()).logical_or_(at::isfinite(grad).logical_not().any());
     if (inv_scale == 1.0f) {

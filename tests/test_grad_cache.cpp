@@ -38,8 +38,8 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
     return a.is_sparse() && b.is_sparse() && same_bits(a._indices(), b._indices()) &&
            same_bits(a._values(), b._values());
   }
-  auto ca = a.contiguous();
-  auto cb = b.contiguous();
+  auto ca = a.contiguous().cpu();
+  auto cb = b.contiguous().cpu();
   return ca.scalar_type() == cb.scalar_type() && ca.sizes() == cb.sizes() &&
          (ca.numel() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0);
 }
