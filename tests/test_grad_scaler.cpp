@@ -730,6 +730,8 @@ TEST(GradScalerCuda, GradientsUnscaledOnDeviceWithAtenKernels) {
   EXPECT_TRUE(s.step(opt).has_value());
   EXPECT_TRUE(a.cpu().equal(torch::tensor({-2.0f, -1.0f})));
   EXPECT_TRUE(b.cpu().equal(torch::tensor({-2.0, -0.5}, torch::kDouble)));
+  EXPECT_EQ(c.cpu().to(torch::kFloat).item<float>(), -2.0f);  // bfloat16: per-tensor ops
+  EXPECT_EQ(c.grad().scalar_type(), torch::kBFloat16);
   EXPECT_EQ(d.item<float>(), -2.0f);
   s.update();
   b.mutable_grad() = torch::tensor({kInf, 1.0f}).to(torch::kDouble).cuda();
@@ -737,8 +739,17 @@ TEST(GradScalerCuda, GradientsUnscaledOnDeviceWithAtenKernels) {
   c.mutable_grad() = torch::ones({1}, torch::kBFloat16).cuda();
   d.mutable_grad() = torch::ones({1});
   EXPECT_FALSE(s.step(opt).has_value());
+  EXPECT_EQ(c.grad().cpu().to(torch::kFloat).item<float>(), 0.25f);  // still unscaled
   s.update();
   EXPECT_EQ(s.get_scale(), 2.0);
+  // A non-finite bfloat16 gradient on CUDA is found and named.
+  b.mutable_grad() = torch::ones({2}, torch::kDouble).cuda();
+  c.mutable_grad() = torch::full({1}, std::nanf(""), torch::kBFloat16).cuda();
+  EXPECT_FALSE(s.step(opt).has_value());
+  const auto bad = s.non_finite_gradients(opt);
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0].index, 2u);
+  s.update();
 }
 
 }  // namespace
