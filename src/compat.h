@@ -21,6 +21,15 @@
   (TORCH_VERSION_MAJOR > (major) ||           \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
+#if TORCHAMP_TORCH_AT_LEAST(2, 4)
+#include <ATen/ops/_fused_adam.h>
+#include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/_fused_sgd.h>
+#define TORCHAMP_ATEN_FUSED_OPTIMIZERS 1
+#else
+#define TORCHAMP_ATEN_FUSED_OPTIMIZERS 0
+#endif
+
 namespace torchamp {
 namespace compat {
 
@@ -104,6 +113,53 @@ typename StateMap::key_type optim_state_key(const StateMap& /*state*/, const at:
   } else {
     return static_cast<Key>(param.unsafeGetTensorImpl());
   }
+}
+
+/// ATen's multi-tensor `_fused_adam_`, `_fused_adamw_` and `_fused_sgd_`,
+/// which torchamp's optimizers use for CUDA parameters: all three, with the
+/// GradScaler arguments, from LibTorch 2.4 on (`_fused_sgd_` is younger than
+/// the Adam ones). Below that, CUDA parameters take the base class's step.
+constexpr bool kAtenFusedOptimizers = TORCHAMP_ATEN_FUSED_OPTIMIZERS;
+
+/// One fused Adam (`decoupled`: AdamW) step over tensors of one device and
+/// dtype. `steps`: one float32 tensor per parameter on that device, the step
+/// count including this step. With `grad_scale` (a float32 one-element tensor
+/// on that device) each gradient is divided by it, and written back so.
+inline void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                       at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                       at::TensorList steps, double lr, double beta1, double beta2,
+                       double weight_decay, double eps, bool amsgrad, bool decoupled,
+                       const c10::optional<at::Tensor>& grad_scale) {
+#if TORCHAMP_ATEN_FUSED_OPTIMIZERS
+  if (decoupled) {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1,
+                      beta2, weight_decay, eps, amsgrad, /*maximize=*/false, grad_scale);
+  } else {
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
+                     weight_decay, eps, amsgrad, /*maximize=*/false, grad_scale);
+  }
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)max_exp_avg_sqs, (void)steps,
+      (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps, (void)amsgrad,
+      (void)decoupled, (void)grad_scale;
+  TORCH_CHECK(false, "torchamp: ATen's fused optimizers need LibTorch 2.4 or later");
+#endif
+}
+
+/// One fused SGD step over tensors of one device and dtype; `momentum_buffers`
+/// empty when momentum is 0. `first_step`: every buffer is new and takes the
+/// first direction (as the base class's clone).
+inline void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                      double weight_decay, double momentum, double lr, double dampening,
+                      bool nesterov, bool first_step, const c10::optional<at::Tensor>& grad_scale) {
+#if TORCHAMP_ATEN_FUSED_OPTIMIZERS
+  at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening, nesterov,
+                  /*maximize=*/false, first_step, grad_scale);
+#else
+  (void)params, (void)grads, (void)momentum_buffers, (void)weight_decay, (void)momentum, (void)lr,
+      (void)dampening, (void)nesterov, (void)first_step, (void)grad_scale;
+  TORCH_CHECK(false, "torchamp: ATen's fused optimizers need LibTorch 2.4 or later");
+#endif
 }
 
 }  // namespace compat

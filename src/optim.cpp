@@ -4,25 +4,43 @@
 #include "kernels/optim_kernels.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros_like.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 namespace torchamp {
 namespace optim {
 namespace {
 
-bool dense_cpu(const at::Tensor& t, at::ScalarType dtype) {
-  return t.defined() && t.layout() == at::kStrided && t.device().is_cpu() &&
+bool dense_on(const at::Tensor& t, at::ScalarType dtype, c10::Device device) {
+  return t.defined() && t.layout() == at::kStrided && t.device() == device &&
          t.scalar_type() == dtype && t.is_contiguous();
 }
 
-// Every parameter with a gradient: dense contiguous CPU parameter, gradient
-// and existing state tensors, all of one supported dtype.
+// Dense contiguous CPU parameters go to torchamp's kernels; dense contiguous
+// CUDA ones to ATen's multi-tensor fused ops where this LibTorch has them.
+bool fusable_param(const at::Tensor& p, const at::Tensor& grad) {
+  const auto dtype = p.scalar_type();
+  if (!kernels::optim_supports(dtype) || !dense_on(p, dtype, p.device()) ||
+      !dense_on(grad, dtype, p.device())) {
+    return false;
+  }
+  return p.device().is_cpu() || (compat::kAtenFusedOptimizers && p.device().is_cuda());
+}
+
+// Every parameter with a gradient: parameter, gradient and existing state
+// tensors dense, contiguous, of one supported dtype, on the CPU or (with
+// ATen's fused ops) one CUDA device.
 template <class State, class StateTensors>
 bool fusable(const torch::optim::Optimizer& opt, StateTensors state_tensors) {
   const auto& state = opt.state();
@@ -32,14 +50,13 @@ bool fusable(const torch::optim::Optimizer& opt, StateTensors state_tensors) {
       if (!grad.defined()) {
         continue;
       }
-      const auto dtype = p.scalar_type();
-      if (!kernels::optim_supports(dtype) || !dense_cpu(p, dtype) || !dense_cpu(grad, dtype)) {
+      if (!fusable_param(p, grad)) {
         return false;
       }
       auto it = state.find(compat::optim_state_key(state, p));
       if (it != state.end()) {
         for (const at::Tensor* t : state_tensors(static_cast<const State&>(*it->second))) {
-          if (t->defined() && !dense_cpu(*t, dtype)) {
+          if (t->defined() && !dense_on(*t, p.scalar_type(), p.device())) {
             return false;
           }
         }
@@ -49,12 +66,60 @@ bool fusable(const torch::optim::Optimizer& opt, StateTensors state_tensors) {
   return true;
 }
 
+// ATen's fused ops divide each gradient by a scale tensor on its device
+// (and then write it back divided); none for a plain step.
+c10::optional<at::Tensor> grad_scale_on(c10::Device device, float inv_scale) {
+  if (inv_scale == 1.0f) {
+    return c10::nullopt;
+  }
+  return at::full({1}, static_cast<float>(1.0 / static_cast<double>(inv_scale)),
+                  at::TensorOptions().dtype(at::kFloat).device(device));
+}
+
+// One 0-dim tensor per element of a contiguous 1-D tensor, sharing its
+// storage. Built directly rather than by unbind(): ten thousand parameters
+// would otherwise cost ten thousand dispatched view operations a step, more
+// than the fused update itself.
+std::vector<at::Tensor> element_views(const at::Tensor& flat) {
+  std::vector<at::Tensor> views;
+  views.reserve(static_cast<size_t>(flat.numel()));
+  const c10::TensorImpl& impl = *flat.unsafeGetTensorImpl();
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    auto view = c10::make_intrusive<c10::TensorImpl>(c10::Storage(impl.storage()), impl.key_set(),
+                                                     impl.dtype());
+    view->set_sizes_contiguous({});
+    view->set_storage_offset(impl.storage_offset() + i);
+    views.emplace_back(std::move(view));
+  }
+  return views;
+}
+
+// The tensors of one ATen fused call: one param group, device and dtype (and
+// for SGD whether the momentum buffers are new).
+using BatchKey = std::tuple<size_t, c10::DeviceIndex, at::ScalarType, bool>;
+
+struct AdamBatch {
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
+  std::vector<float> steps;
+  double lr, beta1, beta2, weight_decay, eps;
+  bool amsgrad;
+};
+
+struct SgdBatch {
+  std::vector<at::Tensor> params, grads, buffers;
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov, first;
+};
+
 template <class Options, class State>
 void adam_fused(torch::optim::Optimizer& opt, float inv_scale, bool decoupled) {
   at::NoGradGuard no_grad;
   auto& state = opt.state();
   std::vector<kernels::AdamJob> jobs;
-  for (auto& group : opt.param_groups()) {
+  std::map<BatchKey, AdamBatch> batches;
+  auto& groups = opt.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    auto& group = groups[g];
     const auto& options = static_cast<const Options&>(group.options());
     const double beta1 = std::get<0>(options.betas());
     const double beta2 = std::get<1>(options.betas());
@@ -79,6 +144,26 @@ void adam_fused(torch::optim::Optimizer& opt, float inv_scale, bool decoupled) {
         st.max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
       }
       st.step(st.step() + 1);
+      if (!p.device().is_cpu()) {
+        AdamBatch& b = batches[{g, p.device().index(), p.scalar_type(), false}];
+        if (b.params.empty()) {
+          b.lr = options.lr();
+          b.beta1 = beta1;
+          b.beta2 = beta2;
+          b.weight_decay = options.weight_decay();
+          b.eps = options.eps();
+          b.amsgrad = options.amsgrad();
+        }
+        b.params.push_back(p);
+        b.grads.push_back(grad);
+        b.exp_avgs.push_back(st.exp_avg());
+        b.exp_avg_sqs.push_back(st.exp_avg_sq());
+        if (options.amsgrad()) {
+          b.max_exp_avg_sqs.push_back(st.max_exp_avg_sq());
+        }
+        b.steps.push_back(static_cast<float>(st.step()));
+        continue;
+      }
       const double bias_correction1 = 1 - std::pow(beta1, st.step());
       const double bias_correction2 = 1 - std::pow(beta2, st.step());
       kernels::AdamJob job;
@@ -101,6 +186,17 @@ void adam_fused(torch::optim::Optimizer& opt, float inv_scale, bool decoupled) {
     }
   }
   kernels::adam_step_cpu(jobs, inv_scale);
+  for (auto& [key, b] : batches) {
+    const c10::Device device = b.params.front().device();
+    // ATen reads each step count from a float32 tensor on the device: one
+    // copy for the batch, one view per parameter.
+    at::Tensor host = at::empty({static_cast<int64_t>(b.steps.size())}, at::kFloat);
+    std::copy(b.steps.begin(), b.steps.end(), host.data_ptr<float>());
+    const std::vector<at::Tensor> steps = element_views(host.to(device));
+    compat::fused_adam(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, steps, b.lr,
+                       b.beta1, b.beta2, b.weight_decay, b.eps, b.amsgrad, decoupled,
+                       grad_scale_on(device, inv_scale));
+  }
 }
 
 template <class State>
@@ -142,7 +238,10 @@ bool SGD::can_fuse() const {
 void SGD::fused_step(float inv_scale) {
   at::NoGradGuard no_grad;
   std::vector<kernels::SgdJob> jobs;
-  for (auto& group : param_groups()) {
+  std::map<BatchKey, SgdBatch> batches;
+  auto& groups = param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    auto& group = groups[g];
     const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
     for (auto& p : group.params()) {
       const at::Tensor& grad = p.grad();
@@ -154,6 +253,7 @@ void SGD::fused_step(float inv_scale) {
       job.grad = grad.data_ptr();
       job.momentum_buffer = nullptr;
       job.first = false;
+      at::Tensor buffer;
       if (options.momentum() != 0) {
         auto& slot = state_[compat::optim_state_key(state_, p)];
         if (!slot) {
@@ -165,7 +265,25 @@ void SGD::fused_step(float inv_scale) {
           st.momentum_buffer(at::empty_like(p, at::MemoryFormat::Contiguous));
           job.first = true;
         }
-        job.momentum_buffer = st.momentum_buffer().data_ptr();
+        buffer = st.momentum_buffer();
+        job.momentum_buffer = buffer.data_ptr();
+      }
+      if (!p.device().is_cpu()) {
+        SgdBatch& b = batches[{g, p.device().index(), p.scalar_type(), job.first}];
+        if (b.params.empty()) {
+          b.lr = options.lr();
+          b.momentum = options.momentum();
+          b.dampening = options.dampening();
+          b.weight_decay = options.weight_decay();
+          b.nesterov = options.nesterov();
+          b.first = job.first;
+        }
+        b.params.push_back(p);
+        b.grads.push_back(grad);
+        if (buffer.defined()) {
+          b.buffers.push_back(buffer);
+        }
+        continue;
       }
       job.numel = p.numel();
       job.dtype = p.scalar_type();
@@ -178,6 +296,10 @@ void SGD::fused_step(float inv_scale) {
     }
   }
   kernels::sgd_step_cpu(jobs, inv_scale);
+  for (auto& [key, b] : batches) {
+    compat::fused_sgd(b.params, b.grads, b.buffers, b.weight_decay, b.momentum, b.lr, b.dampening,
+                      b.nesterov, b.first, grad_scale_on(b.params.front().device(), inv_scale));
+  }
 }
 
 at::Tensor Adam::step(LossClosure closure) {

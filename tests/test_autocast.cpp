@@ -51,6 +51,30 @@ TEST(Autocast, RestoresEnabledDtypeAndCacheAndNests) {
   EXPECT_EQ(autocast::current_dtype(torch::kCPU), torch::kBFloat16);
 }
 
+TEST(AutocastCuda, MatmulsRunInTheGuardsDtypeOnTheGpu) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  auto a = torch::randn({64, 64}, torch::kCUDA);
+  auto b = torch::randn({64, 64}, torch::kCUDA);
+  {
+    autocast guard(torch::kCUDA);
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kHalf);
+    EXPECT_EQ(torch::nn::functional::linear(a, b).scalar_type(), torch::kHalf);
+    // float32-listed ops stay in float32 (softmax), whatever their input
+    EXPECT_EQ(torch::softmax(torch::mm(a, b), 1).scalar_type(), torch::kFloat);
+  }
+  {
+    autocast guard(torch::kCUDA, torch::kBFloat16);
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);
+  }
+  {
+    autocast cpu_only(torch::kCPU);  // the CPU guard leaves CUDA ops alone
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat);
+  }
+  EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat);
+}
+
 TEST(Autocast, CudaStateIsIndependentOfCpu) {
   {
     autocast guard(torch::kCUDA, torch::kBFloat16);

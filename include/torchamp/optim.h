@@ -24,29 +24,41 @@
 ///
 /// `step()` is one pass over each parameter's data (parameter, gradient and
 /// state read once, parameter and state written once), many parameters per
-/// call, split across ATen's intra-op threads, for dense contiguous CPU
-/// parameters of float32, float64 or bfloat16 (bfloat16 computed in float32
-/// and rounded once per stored tensor) with gradients and state of the same
-/// dtype. When any parameter with a gradient is not such (CUDA, sparse
-/// gradient, another dtype), the whole step is the base class's own.
+/// call:
+/// - dense contiguous CPU parameters of float32, float64 or bfloat16 (bfloat16
+///   computed in float32 and rounded once per stored tensor): torchamp's own
+///   vectorised kernels, split across ATen's intra-op threads;
+/// - dense contiguous CUDA parameters of those dtypes, with LibTorch 2.4 or
+///   later: ATen's multi-tensor `_fused_sgd_`/`_fused_adam_`/`_fused_adamw_`
+///   (the kernels behind Python's `fused=True`), one call per param group,
+///   device and dtype.
+/// Gradients and state must have the parameter's dtype, device and layout.
+/// When any parameter with a gradient is not such (sparse gradient, another
+/// dtype, CUDA before LibTorch 2.4, another device), the whole step is the
+/// base class's own. One optimizer may hold CPU and CUDA parameters.
 /// Results equal the base class's within float rounding (the base class
-/// rounds after each of its ATen operations; the fused loop keeps the
+/// rounds after each of its ATen operations; the fused loops keep the
 /// intermediate values in registers).
 ///
-/// With `GradScaler::step(opt)`, the scaler finds overflow with a read-only
-/// check pass and hands the optimizer the inverse scale: the update reads
-/// each gradient, multiplies it by the inverse scale in registers and never
-/// writes it, so after a fused scaled step the gradients are still scaled (as
-/// they were before `step`). Call `scaler.unscale_(opt)` first to work on real
-/// gradients (clipping); the step then does not unscale them again.
+/// With `GradScaler::step(opt)`, the scaler finds overflow with a check pass
+/// (read-only on the CPU; on CUDA ATen's unscale kernel with an inverse
+/// scale of 1, as Python's scaler does for fused optimizers) and hands the
+/// optimizer the inverse scale. On the CPU the update multiplies each
+/// gradient by it in registers and never writes it, so after a fused scaled
+/// step the gradients are still scaled (as they were before `step`). On CUDA,
+/// ATen's kernels divide each gradient by the scale and write it back, so
+/// there the gradients are unscaled afterwards, as with Python's fused
+/// optimizers. A skipped step changes nothing on either. Call
+/// `scaler.unscale_(opt)` first to work on real gradients (clipping); the step
+/// then does not unscale them again.
 ///
-/// ATen's own `_fused_adam_`/`_fused_adamw_`/`_fused_sgd_` are not used on
-/// the CPU: they take a float step tensor per parameter (the base class keeps
-/// an int64 count), divide the gradient and write it back (an extra write
-/// pass), read gradients by raw pointer whatever their strides, and fused SGD
-/// on bfloat16 is broken in LibTorch 2.13 (pytorch/pytorch#191763). CUDA
-/// parameters take the base class's step (with the scaler: after it unscaled
-/// the gradients on the device).
+/// ATen's own fused ops are not used on the CPU: they take a float step
+/// tensor per parameter (the base class keeps an int64 count), divide the
+/// gradient and write it back (an extra write pass), read gradients by raw
+/// pointer whatever their strides, and fused SGD on bfloat16 is broken in
+/// LibTorch 2.13 (pytorch/pytorch#191763). On CUDA the base class's int64
+/// step counts stay the state (so checkpoints are unchanged); each step
+/// hands ATen a float32 copy of them on the device.
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -61,12 +73,13 @@ class FusedStep {
  public:
   virtual ~FusedStep() = default;
   /// Whether the fused update can take this step's gradients (all dense,
-  /// contiguous CPU tensors of the parameters' own supported dtype, as the
-  /// parameters and state). When false the scaler unscales as for any
-  /// optimizer and calls `step()`.
+  /// contiguous tensors of the parameters' own supported dtype and device,
+  /// as the parameters and state; CPU, or CUDA with LibTorch 2.4+). When
+  /// false the scaler unscales as for any optimizer and calls `step()`.
   virtual bool can_fuse() const = 0;
   /// One step with every gradient multiplied by `inv_scale` inside the update
-  /// (gradients are not written). Requires `can_fuse()`.
+  /// (CPU gradients are not written; CUDA ones are written back unscaled
+  /// unless `inv_scale` is 1). Requires `can_fuse()`.
   virtual void fused_step(float inv_scale) = 0;
 };
 
