@@ -11,7 +11,12 @@
 //               as a plain streaming loop with the same threads.
 // Cases: float32 parameters, 1 x 16M, 100 x 160k, 10,000 x 100.
 //
-// Run: ./build/bench/bench_optim [--threads=N] [--benchmark_repetitions=3]
+// With --device=cuda the parameters live on the GPU, torchamp's step is
+// ATen's fused multi-tensor kernels, every step ends with a device
+// synchronisation (for both), and the ceiling is a device-to-device copy of
+// the same number of bytes.
+//
+// Run: ./build/bench/bench_optim [--threads=N] [--device=cuda] [--benchmark_repetitions=3]
 
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
@@ -20,6 +25,7 @@
 
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
+#include <torch/cuda.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/torch.h>
@@ -44,13 +50,22 @@ struct Case {
 const Case kCases[] = {
     {"1x16M", 1, 16 << 20}, {"100x160k", 100, 160 << 10}, {"10000x100", 10000, 100}};
 
+c10::Device g_device = c10::kCPU;
+
+// Waits for the device's queued work (CUDA); nothing on the CPU.
+void sync() {
+  if (g_device.is_cuda()) {
+    torch::cuda::synchronize();
+  }
+}
+
 // Fresh parameters with gradients (fixed: the same every step).
 std::vector<at::Tensor> make_params(const Case& c) {
   torch::manual_seed(0);
   std::vector<at::Tensor> ps;
   for (int64_t i = 0; i < c.tensors; ++i) {
-    auto p = torch::randn({c.elements});
-    p.mutable_grad() = torch::randn({c.elements}) * 1e-3;
+    auto p = torch::randn({c.elements}).to(g_device);
+    p.mutable_grad() = (torch::randn({c.elements}) * 1e-3).to(g_device);
     ps.push_back(p);
   }
   return ps;
@@ -69,8 +84,11 @@ template <class Opt, class Options>
 void bm_step(benchmark::State& state, const Case& c, Options options) {
   auto ps = make_params(c);
   Opt opt(ps, options);
+  opt.step();  // the first step creates the state: not timed
+  sync();
   for (auto _ : state) {
     opt.step();
+    sync();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * adamw_bytes(c)));
 }
@@ -82,10 +100,14 @@ void bm_scaled(benchmark::State& state, const Case& c, Options options) {
   auto ps = make_params(c);
   Opt opt(ps, options);
   torchamp::GradScaler scaler(torchamp::GradScalerOptions().init_scale(2.0));
-  int64_t i = 0;
+  scaler.step(opt);  // the first step creates the state: not timed
+  scaler.update(0.5);
+  sync();
+  int64_t i = 1;
   for (auto _ : state) {
     scaler.step(opt);
     scaler.update((i++ & 1) ? 2.0 : 0.5);
+    sync();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * adamw_bytes(c)));
 }
@@ -101,6 +123,17 @@ TORCHAMP_TARGET_CLONES void stream7(float* __restrict p, const float* __restrict
 }
 
 void bm_ceiling(benchmark::State& state, const Case& c) {
+  if (g_device.is_cuda()) {  // a copy of the same bytes: 3.5 floats per element each way
+    const auto n = static_cast<int64_t>(total_elements(c) * 3.5);
+    auto src = torch::ones({n}, torch::TensorOptions().device(g_device));
+    auto dst = torch::empty_like(src);
+    for (auto _ : state) {
+      dst.copy_(src);
+      sync();
+    }
+    state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * adamw_bytes(c)));
+    return;
+  }
   auto ps = make_params(c);
   std::vector<at::Tensor> ms, vs;
   for (auto& p : ps) {
@@ -158,6 +191,10 @@ int main(int argc, char** argv) {
       threads = std::atoi(argv[a] + 10);
       continue;
     }
+    if (std::strncmp(argv[a], "--device=", 9) == 0) {
+      g_device = c10::Device(argv[a] + 9);
+      continue;
+    }
     has_min_time = has_min_time || std::strncmp(argv[a], "--benchmark_min_time", 20) == 0;
     args.push_back(argv[a]);
   }
@@ -192,11 +229,11 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&collector);
   auto& t = collector.seconds;
   std::printf(
-      "\nLibTorch %s, %d threads, float32 parameters; times in ms per step (medians)\n"
+      "\nLibTorch %s, %s, %d threads, float32 parameters; times in ms per step (medians)\n"
       "| case | AdamW + scaler: LibTorch | torchamp | speedup | AdamW alone: LibTorch | "
       "torchamp | speedup | fused AdamW GB/s | of ceiling | SGD(momentum) alone: LibTorch | "
       "torchamp | speedup |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-      TORCH_VERSION, at::get_num_threads());
+      TORCH_VERSION, g_device.str().c_str(), at::get_num_threads());
   for (const auto& c : kCases) {
     const std::string s = std::string("/") + c.name;
     if (!t.count("fused_adamw" + s) || !t.count("base_adamw" + s)) {
