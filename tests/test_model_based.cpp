@@ -2,20 +2,27 @@
 //
 // A deliberately simple reference model, written from the specification (the
 // reference page, PyTorch's GradScaler, the core issue), runs side by side with
-// the real scaler over random call sequences: 1-3 SGD optimizers (lr 1, so a
-// step is p -= g; LibTorch's torch::optim::SGD or torchamp's fused one, whose
-// step through the scaler only checks the gradients and unscales them inside
-// the update, leaving them scaled), gradients with random inf/NaN, unscale_/step/update in any
-// order, update(new_scale), setters with good and bad values, state-dict
-// round trips through pickle into a fresh scaler, random options. After every
-// call it compares the error (none, or its type and message), the scale, both
-// trackers, the skip counter, every gradient and every parameter, bit for bit.
+// the real scaler over random call sequences: 1-3 optimizers, each one of
+// LibTorch's SGD (lr 1, so a step is p -= g) or AdamW, or torchamp's fused
+// SGD, Adam or AdamW (whose step through the scaler only checks the gradients
+// and unscales them inside the update, leaving them scaled), gradients with
+// random inf/NaN, unscale_/step/update in any order, update(new_scale),
+// setters with good and bad values, state-dict round trips through pickle
+// into a fresh scaler, random options. After every call it compares the error
+// (none, or its type and message), the scale, both trackers, the skip
+// counter, every gradient bit for bit, and every parameter: SGD's bit for
+// bit; Adam's and AdamW's against the model's own LibTorch optimizer, stepped
+// exactly when the specification says and with the gradients it says
+// (unscaled, in float32), within float32 rounding, and their step counts
+// exactly (a skipped step must not count).
 //
 // TORCHAMP_MODEL_SEQUENCES (default 1500: a few seconds) sets how many
 // sequences run; TORCHAMP_MODEL_SEED the first seed. A failure prints the seed
 // and the shortest failing sequence found by deleting calls one at a time.
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
+
+#include "compat.h"
 
 #include <torch/torch.h>
 
@@ -107,10 +114,94 @@ std::string to_string(const Call& c) {
   return s.str();
 }
 
+// The optimizers: LibTorch's own or torchamp's fused ones.
+enum class OptKind { kSgd, kFusedSgd, kAdamW, kFusedAdam, kFusedAdamW };
+
+const char* name(OptKind k) {
+  switch (k) {
+    case OptKind::kSgd:
+      return "SGD";
+    case OptKind::kFusedSgd:
+      return "fused SGD";
+    case OptKind::kAdamW:
+      return "AdamW";
+    case OptKind::kFusedAdam:
+      return "fused Adam";
+    case OptKind::kFusedAdamW:
+      return "fused AdamW";
+  }
+  return "?";
+}
+
+bool is_fused(OptKind k) {
+  return k == OptKind::kFusedSgd || k == OptKind::kFusedAdam || k == OptKind::kFusedAdamW;
+}
+
+bool is_adam(OptKind k) {
+  return k == OptKind::kAdamW || k == OptKind::kFusedAdam || k == OptKind::kFusedAdamW;
+}
+
+struct OptSpec {
+  OptKind kind = OptKind::kSgd;
+  bool amsgrad = false;  // Adam, AdamW
+  double weight_decay = 0;
+};
+
+// Adam(W) options of a spec: lr 0.1 so that every step moves the parameters.
+template <class Options>
+Options adam_options(const OptSpec& spec) {
+  return Options(0.1).amsgrad(spec.amsgrad).weight_decay(spec.weight_decay);
+}
+
+// A real optimizer of the spec's kind; `reference`: LibTorch's own of the
+// same arithmetic (the model's oracle for Adam and AdamW).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptSpec& spec,
+                                                        const std::vector<torch::Tensor>& ps,
+                                                        bool reference = false) {
+  const OptKind k = reference && spec.kind == OptKind::kFusedAdamW ? OptKind::kAdamW : spec.kind;
+  switch (k) {
+    case OptKind::kSgd:
+      return std::make_unique<torch::optim::SGD>(ps, 1.0);
+    case OptKind::kFusedSgd:
+      return std::make_unique<torchamp::optim::SGD>(ps, 1.0);
+    case OptKind::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(ps,
+                                                   adam_options<torch::optim::AdamWOptions>(spec));
+    case OptKind::kFusedAdam:
+      if (reference) {
+        return std::make_unique<torch::optim::Adam>(ps,
+                                                    adam_options<torch::optim::AdamOptions>(spec));
+      }
+      return std::make_unique<torchamp::optim::Adam>(ps,
+                                                     adam_options<torch::optim::AdamOptions>(spec));
+    case OptKind::kFusedAdamW:
+      return std::make_unique<torchamp::optim::AdamW>(
+          ps, adam_options<torch::optim::AdamWOptions>(spec));
+  }
+  return nullptr;
+}
+
+// The step count of each parameter's Adam(W) state; -1: no state yet.
+std::vector<int64_t> adam_steps(const torch::optim::Optimizer& opt) {
+  std::vector<int64_t> steps;
+  const auto& state = opt.state();
+  for (const auto& p : opt.param_groups().at(0).params()) {
+    auto it = state.find(torchamp::compat::optim_state_key(state, p));
+    if (it == state.end()) {
+      steps.push_back(-1);
+    } else if (auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {
+      steps.push_back(w->step());
+    } else {
+      steps.push_back(static_cast<const torch::optim::AdamParamState&>(*it->second).step());
+    }
+  }
+  return steps;
+}
+
 struct Scenario {
   GradScalerOptions options;
   std::vector<int> params_per_opt;  // each parameter has 3 elements
-  std::vector<bool> fused;          // per optimizer: torchamp::optim::SGD
+  std::vector<OptSpec> specs;       // per optimizer
   std::vector<Call> calls;
 };
 
@@ -139,7 +230,10 @@ struct Model {
   // params[o][p] and grads[o][p] (grads: nullopt = undefined)
   std::vector<std::vector<std::vector<float>>> params;
   std::vector<std::vector<std::optional<std::vector<float>>>> grads;
-  std::vector<bool> fused;
+  std::vector<OptSpec> specs;
+  // Adam(W): the reference optimizer and its parameters (`params` unused)
+  std::vector<std::vector<torch::Tensor>> ref_params;
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> ref_opts;
 
   explicit Model(const Scenario& sc)
       : enabled(sc.options.enabled()),
@@ -151,10 +245,18 @@ struct Model {
         gi(sc.options.growth_interval()),
         bi(sc.options.backoff_interval()),
         max_skips(sc.options.max_consecutive_skips()),
-        fused(sc.fused) {
-    for (int n : sc.params_per_opt) {
+        specs(sc.specs) {
+    for (size_t o = 0; o < sc.params_per_opt.size(); ++o) {
+      const int n = sc.params_per_opt[o];
       params.emplace_back(n, std::vector<float>(3, 0.0f));
       grads.emplace_back(n);
+      ref_params.emplace_back();
+      for (int i = 0; i < n; ++i) {
+        ref_params.back().push_back(torch::zeros({3}));
+      }
+      ref_opts.push_back(is_adam(specs[o].kind)
+                             ? make_optimizer(specs[o], ref_params.back(), /*reference=*/true)
+                             : nullptr);
     }
   }
 
@@ -214,14 +316,14 @@ struct Model {
       }
       case Kind::kStep: {
         if (!enabled) {
-          sgd(c.opt);
+          optimizer_step(c.opt);
           return {};
         }
         const Stage st = opts.count(c.opt) ? opts[c.opt].stage : kReady;
         if (st == kStepped) {
           return {Err::kRuntime, "step() has already been called since the last update()."};
         }
-        if (st == kReady && !unscale(c.opt, /*deferred=*/fused[c.opt])) {
+        if (st == kReady && !unscale(c.opt, /*deferred=*/is_fused(specs[c.opt].kind))) {
           return {Err::kRuntime, "No inf checks were recorded for this optimizer."};
         }
         Opt& o = opts[c.opt];
@@ -234,7 +336,7 @@ struct Model {
           }
           ++skips;
         } else {
-          sgd(c.opt, o.deferred ? inv_scale() : 1.0f);
+          optimizer_step(c.opt, o.deferred ? inv_scale() : 1.0f);
         }
         o.stage = kStepped;
         return {};
@@ -303,9 +405,25 @@ struct Model {
     return {};
   }
 
-  // lr 1; `inv`: the fused update's unscale, in registers (g * inv rounded
-  // to float32, as unscale_ would have stored it).
-  void sgd(int o, float inv = 1.0f) {
+  // SGD: lr 1, p -= g; Adam(W): the reference optimizer's step. `inv`: the
+  // fused update's unscale, in registers (g * inv rounded to float32, as
+  // unscale_ would have stored it).
+  void optimizer_step(int o, float inv = 1.0f) {
+    if (ref_opts[o]) {
+      for (size_t p = 0; p < grads[o].size(); ++p) {
+        if (!grads[o][p]) {
+          ref_params[o][p].mutable_grad() = torch::Tensor();
+          continue;
+        }
+        std::vector<float> g(3);
+        for (size_t i = 0; i < 3; ++i) {
+          g[i] = (*grads[o][p])[i] * inv;
+        }
+        ref_params[o][p].mutable_grad() = torch::from_blob(g.data(), {3}).clone();
+      }
+      ref_opts[o]->step();
+      return;
+    }
     for (size_t p = 0; p < params[o].size(); ++p) {
       if (grads[o][p]) {
         for (size_t i = 0; i < 3; ++i) {
@@ -357,22 +475,34 @@ bool same_values(const float* a, const float* b) {
   return true;
 }
 
+// Adam(W), fused against LibTorch's: equal within float32 rounding (NaN
+// where the other has NaN, the same infinities).
+bool close_values(const float* a, const float* b) {
+  for (int i = 0; i < 3; ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i]) || std::isinf(a[i]) || std::isinf(b[i])) {
+      if (std::memcmp(a + i, b + i, sizeof(float)) != 0 &&
+          !(std::isnan(a[i]) && std::isnan(b[i]))) {
+        return false;
+      }
+    } else if (std::fabs(a[i] - b[i]) > 1e-6 + 1e-5 * std::fabs(b[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::optional<std::string> run(const Scenario& sc) {
   auto scaler = std::make_unique<GradScaler>(sc.options);
   Model model(sc);
   std::vector<std::vector<torch::Tensor>> params;
-  std::vector<std::unique_ptr<torch::optim::SGD>> opts;
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> opts;
   for (size_t o = 0; o < sc.params_per_opt.size(); ++o) {
     std::vector<torch::Tensor> ps;
     for (int i = 0; i < sc.params_per_opt[o]; ++i) {
       ps.push_back(torch::zeros({3}, torch::requires_grad()));
     }
     params.push_back(ps);
-    if (sc.fused[o]) {
-      opts.push_back(std::make_unique<torchamp::optim::SGD>(ps, 1.0));
-    } else {
-      opts.push_back(std::make_unique<torch::optim::SGD>(ps, 1.0));
-    }
+    opts.push_back(make_optimizer(sc.specs[o], ps));
   }
   for (size_t k = 0; k < sc.calls.size(); ++k) {
     const Call& c = sc.calls[k];
@@ -456,10 +586,17 @@ std::optional<std::string> run(const Scenario& sc) {
             why << "gradient of opt " << o << " param " << p << " differs";
             break;
           }
-          if (!same_values(params[o][p].data_ptr<float>(), model.params[o][p].data())) {
+          const bool adam = model.ref_opts[o] != nullptr;
+          if (adam ? !close_values(params[o][p].data_ptr<float>(),
+                                   model.ref_params[o][p].data_ptr<float>())
+                   : !same_values(params[o][p].data_ptr<float>(), model.params[o][p].data())) {
             why << "parameter " << o << "/" << p << " differs: " << params[o][p];
             break;
           }
+        }
+        if (why.str().empty() && model.ref_opts[o] &&
+            adam_steps(*opts[o]) != adam_steps(*model.ref_opts[o])) {
+          why << "step counts of opt " << o << " differ";
         }
       }
     }
@@ -492,7 +629,12 @@ Scenario generate(uint64_t seed) {
   const int n_opts = pick(1, 1, 2, 3);
   for (int o = 0; o < n_opts; ++o) {
     sc.params_per_opt.push_back(pick(1, 2, 3));
-    sc.fused.push_back(chance(0.5));
+    OptSpec spec;
+    spec.kind = pick(OptKind::kSgd, OptKind::kFusedSgd, OptKind::kFusedSgd, OptKind::kAdamW,
+                     OptKind::kFusedAdam, OptKind::kFusedAdamW);
+    spec.amsgrad = chance(0.5);
+    spec.weight_decay = pick(0.0, 0.01);
+    sc.specs.push_back(spec);
   }
   const int n_calls = std::uniform_int_distribution<int>(5, 40)(rng);
   for (int k = 0; k < n_calls; ++k) {
@@ -583,11 +725,12 @@ TEST(ModelBased, RandomCallSequencesMatchTheReferenceModel) {
              << sc.options.init_scale() << " growth " << sc.options.growth_factor() << "/"
              << sc.options.growth_interval() << " backoff " << sc.options.backoff_factor() << "/"
              << sc.options.backoff_interval() << " min_scale " << sc.options.min_scale()
-             << " max_consecutive_skips " << sc.options.max_consecutive_skips() << " fused" <<
+             << " max_consecutive_skips " << sc.options.max_consecutive_skips() << " optimizers:" <<
           [&] {
             std::string f;
-            for (bool b : sc.fused) {
-              f += b ? " yes" : " no";
+            for (const OptSpec& spec : sc.specs) {
+              f += std::string(" ") + name(spec.kind) + (spec.amsgrad ? " amsgrad" : "") +
+                   (spec.weight_decay != 0 ? " wd" : "");
             }
             return f;
           }() << "\nshortest failing sequence ("
