@@ -105,11 +105,30 @@ TEST_P(Agree, NoInfAnywhereEveryRankSteps) {
   }
 }
 
+// torchamp's fused AdamW: the scaler only checks (and agrees on) the
+// gradients and the update unscales them; the skipped step does not count.
+TEST_P(Agree, WithAFusedOptimizerTheSkippedStepDoesNotCountOnAnyRank) {
+  const auto outputs = run_ranks("agree-fused", GetParam());
+  const std::vector<std::string> expected = {
+      "step 0 stepped 1 scale 512 growth 0 backoff 0",
+      "step 1 stepped 0 scale 256 growth 0 backoff 0",
+      "step 2 stepped 1 scale 512 growth 0 backoff 0",
+      "adamw steps 2",
+      "adamw steps 2",
+  };
+  for (const auto& out : outputs) {
+    EXPECT_EQ(out, expected);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Agree, ::testing::Values(2, 4));
 
-TEST(Distributed, ShardedTrainingMatchesASingleProcess) {
-  const auto ranks = run_ranks("sharded", 2);
-  const auto single = run_ranks("single", 1)[0];
+class Sharded : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Sharded, ShardedTrainingMatchesASingleProcess) {
+  const std::string suffix = GetParam();
+  const auto ranks = run_ranks("sharded" + suffix, 2);
+  const auto single = run_ranks("single" + suffix, 1)[0];
   ASSERT_EQ(ranks[0], ranks[1]) << "ranks disagree (steps, scale or parameters)";
   ASSERT_EQ(ranks[0].size(), single.size());
   int skipped = 0;
@@ -125,6 +144,12 @@ TEST(Distributed, ShardedTrainingMatchesASingleProcess) {
   }
   EXPECT_EQ(skipped, 2);  // steps 2 and 5, on both ranks
 }
+
+// LibTorch's SGD (the scaler unscales), torchamp's fused SGD (it only checks).
+INSTANTIATE_TEST_SUITE_P(Optimizers, Sharded, ::testing::Values("", "-fused"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param[0] ? "Fused" : "LibTorch");
+                         });
 
 TEST(Distributed, ARankThatExitsMidStepGivesTheOthersAnErrorNotAHang) {
   const auto outputs = run_ranks("exit", 2);

@@ -10,14 +10,18 @@
 // Scenarios:
 //   agree    3 steps; rank 1 (if any) writes inf into a gradient at step 1
 //   clean    3 steps, no inf anywhere
+//   agree-fused  agree with torchamp's fused AdamW (deferred unscale): also
+//            prints each parameter's AdamW step count
 //   sharded  ZeRO-style: gradients averaged over ranks, each rank owns (and
 //            steps) every WORLD-th parameter, owners broadcast them after the
 //            step; inf on rank 1's own shard at steps 2 and 5
 //   single   the sharded schedule in one process on the whole batch (WORLD 1,
 //            no process group): the reference for sharded
+//   sharded-fused, single-fused  the same with torchamp's fused SGD
 //   exit     rank 1 exits at step 1 before stepping; rank 0 reports the error
 // Every line of the output file is one observation; the test compares them.
 #include <torchamp/distributed.h>
+#include <torchamp/optim.h>
 
 #include <torch/torch.h>
 
@@ -54,7 +58,14 @@ inline int agree(const std::string& scenario, int rank, int /*world*/,
   auto group = make_group();
   torch::manual_seed(0);
   torch::nn::Linear model(4, 2);
-  torch::optim::SGD opt(model->parameters(), 0.1);
+  const bool fused = scenario == "agree-fused";
+  std::unique_ptr<torch::optim::Optimizer> opt_ptr;
+  if (fused) {
+    opt_ptr = std::make_unique<torchamp::optim::AdamW>(model->parameters(), 0.01);
+  } else {
+    opt_ptr = std::make_unique<torch::optim::SGD>(model->parameters(), 0.1);
+  }
+  torch::optim::Optimizer& opt = *opt_ptr;
   torchamp::GradScaler scaler(torchamp::GradScalerOptions().init_scale(256).growth_interval(1));
   torchamp::set_process_group(scaler, group);
   for (int step = 0; step < 3; ++step) {
@@ -62,18 +73,24 @@ inline int agree(const std::string& scenario, int rank, int /*world*/,
     opt.zero_grad();
     scaler.scale(torch::mse_loss(model->forward(torch::randn({8, 4})), torch::randn({8, 2})))
         .backward();
-    if (scenario == "agree" && rank == 1 && step == 1) {
+    if (scenario != "clean" && rank == 1 && step == 1) {
       model->weight.mutable_grad()[0][0] = kInf;
     }
     const bool stepped = scaler.step(opt).has_value();
     scaler.update();
     out << "step " << step << " stepped " << stepped << " " << state_line(scaler) << "\n";
   }
+  if (fused) {
+    for (const auto& kv : opt.state()) {
+      out << "adamw steps " << static_cast<const torch::optim::AdamWParamState&>(*kv.second).step()
+          << "\n";
+    }
+  }
   return 0;
 }
 
 // sharded and its single-process reference.
-inline int sharded(bool single, int rank, int world, const GroupFactory& make_group,
+inline int sharded(bool single, bool fused, int rank, int world, const GroupFactory& make_group,
                    std::ofstream& out) {
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   if (!single) {
@@ -90,7 +107,14 @@ inline int sharded(bool single, int rank, int world, const GroupFactory& make_gr
       owned.push_back(params[i]);
     }
   }
-  torch::optim::SGD opt(owned, torch::optim::SGDOptions(0.1).momentum(0.9));
+  const auto options = torch::optim::SGDOptions(0.1).momentum(0.9);
+  std::unique_ptr<torch::optim::Optimizer> opt_ptr;
+  if (fused) {
+    opt_ptr = std::make_unique<torchamp::optim::SGD>(owned, options);
+  } else {
+    opt_ptr = std::make_unique<torch::optim::SGD>(owned, options);
+  }
+  torch::optim::Optimizer& opt = *opt_ptr;
   torchamp::GradScaler scaler(torchamp::GradScalerOptions().init_scale(1024).growth_interval(3));
   if (group) {
     torchamp::set_process_group(scaler, group);
@@ -196,11 +220,14 @@ inline int run_scenario(const std::string& scenario, int rank, int world,
                         const GroupFactory& make_group, const std::string& out_path) {
   std::ofstream out(out_path);
   try {
-    if (scenario == "agree" || scenario == "clean") {
+    if (scenario == "agree" || scenario == "clean" || scenario == "agree-fused") {
       return agree(scenario, rank, world, make_group, out);
     }
-    if (scenario == "sharded" || scenario == "single") {
-      return sharded(scenario == "single", rank, world, make_group, out);
+    if (scenario == "sharded" || scenario == "single" || scenario == "sharded-fused" ||
+        scenario == "single-fused") {
+      const bool single = scenario.rfind("single", 0) == 0;
+      const bool fused = scenario.find("-fused") != std::string::npos;
+      return sharded(single, fused, rank, world, make_group, out);
     }
     if (scenario == "exit") {
       return exit_mid_step(rank, world, make_group, out);
