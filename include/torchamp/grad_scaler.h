@@ -162,10 +162,12 @@ class GradScaler {
   /// without calling it when a gradient was inf/NaN.
   ///
   /// A torchamp::optim optimizer (torchamp/optim.h) whose gradients it can
-  /// take is not unscaled here: one read-only pass checks the gradients (and
-  /// the ranks agree, with a reducer), then its fused update multiplies them
-  /// by the inverse scale as it reads them, leaving the gradients themselves
-  /// scaled. A skipped step changes nothing: parameters, state, step counts.
+  /// take is not unscaled here: one check pass finds overflow (and the ranks
+  /// agree, with a reducer), then its fused update unscales the gradients as
+  /// it reads them. On the CPU the gradients themselves stay scaled; on CUDA
+  /// ATen's fused kernels write them back unscaled (as Python's fused
+  /// optimizers). A skipped step changes nothing: parameters, state, step
+  /// counts.
   ///
   /// With `max_consecutive_skips` = N > 0, the N-th skipped step in a row
   /// throws `c10::Error` instead, naming the scale, the count and the
