@@ -21,6 +21,7 @@
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
 
+#include "bench_util.h"
 #include "kernels/kernels.h"  // TORCHAMP_TARGET_CLONES, as the kernels
 
 #include <ATen/Parallel.h>
@@ -33,11 +34,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -155,55 +154,24 @@ void bm_ceiling(benchmark::State& state, const Case& c) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * adamw_bytes(c)));
 }
 
-class Collector : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const auto& run : runs) {
-      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
-      if (median || run.run_type == Run::RT_Iteration) {
-        const std::string name = run.run_name.function_name;
-        if (median || !has_median.count(name)) {
-          seconds[name] = run.GetAdjustedRealTime() / 1e9;  // the time unit is ns
-        }
-        if (median) {
-          has_median[name] = true;
-        }
-      }
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-  std::map<std::string, double> seconds;
-  std::map<std::string, bool> has_median;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> args = {argv[0]};
-  std::string min_time = "--benchmark_min_time=0.3";
-  bool has_min_time = false;
-  int threads = static_cast<int>(std::thread::hardware_concurrency());
-  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
-    threads = std::atoi(omp);
+  const int threads =
+      torchamp_bench::init(argc, argv, "0.3", {"--device="}, [](const std::string& a) {
+        try {
+          g_device = c10::Device(a.substr(9));
+        } catch (const c10::Error& e) {
+          std::fprintf(stderr, "bench_optim: %s: %s\n", a.c_str(), e.what_without_backtrace());
+          std::exit(2);
+        }
+      });
+  if (g_device.is_cuda() && !torch::cuda::is_available()) {
+    std::fprintf(stderr, "bench_optim: --device=%s, but this LibTorch sees no CUDA device\n",
+                 g_device.str().c_str());
+    return 2;
   }
-  for (int a = 1; a < argc; ++a) {
-    if (std::strncmp(argv[a], "--threads=", 10) == 0) {
-      threads = std::atoi(argv[a] + 10);
-      continue;
-    }
-    if (std::strncmp(argv[a], "--device=", 9) == 0) {
-      g_device = c10::Device(argv[a] + 9);
-      continue;
-    }
-    has_min_time = has_min_time || std::strncmp(argv[a], "--benchmark_min_time", 20) == 0;
-    args.push_back(argv[a]);
-  }
-  at::set_num_threads(std::max(threads, 1));
-  if (!has_min_time) {
-    args.push_back(min_time.data());
-  }
-  int n = static_cast<int>(args.size());
-  benchmark::Initialize(&n, args.data());
+  at::set_num_threads(threads);
 
   const auto adamw = torch::optim::AdamWOptions(1e-3).weight_decay(0.01);
   const auto sgd = torch::optim::SGDOptions(1e-3).momentum(0.9);
@@ -225,7 +193,7 @@ int main(int argc, char** argv) {
         [c, sgd](benchmark::State& st) { bm_step<torchamp::optim::SGD>(st, c, sgd); });
     reg("ceiling" + s, [c](benchmark::State& st) { bm_ceiling(st, c); });
   }
-  Collector collector;
+  torchamp_bench::Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);
   auto& t = collector.seconds;
   std::printf(

@@ -24,6 +24,7 @@
 
 #include <torchamp/grad_scaler.h>
 
+#include "bench_util.h"
 #include "compat.h"
 #include "kernels/kernels.h"
 
@@ -39,14 +40,11 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <map>
-#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -287,30 +285,6 @@ void bm_ceiling_read(benchmark::State& state, const Case& c, at::ScalarType dtyp
 }
 
 // Collects bytes/s per benchmark name while printing Google Benchmark's table.
-class Collector : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const auto& run : runs) {
-      auto it = run.counters.find("bytes_per_second");
-      if (it == run.counters.end()) {
-        continue;
-      }
-      // With --benchmark_repetitions the median wins over single runs.
-      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
-      if (median || run.run_type == Run::RT_Iteration) {
-        if (median || !has_median.count(run.run_name.function_name)) {
-          gbps[run.run_name.function_name] = it->second.value / 1e9;
-        }
-        if (median) {
-          has_median.insert(run.run_name.function_name);
-        }
-      }
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-  std::map<std::string, double> gbps;
-  std::set<std::string> has_median;
-};
 
 // ---- the training-step tax ------------------------------------------------------
 
@@ -392,27 +366,7 @@ std::string key(const char* method, const Case& c, const Dtype& d, int threads) 
 
 int main(int argc, char** argv) {
   // Short by default; --benchmark_min_time overrides.
-  std::vector<char*> args = {argv[0]};
-  std::string min_time = "--benchmark_min_time=0.2";
-  bool has_min_time = false;
-  int threads = static_cast<int>(std::thread::hardware_concurrency());
-  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
-    threads = std::atoi(omp);
-  }
-  for (int a = 1; a < argc; ++a) {
-    if (std::strncmp(argv[a], "--threads=", 10) == 0) {
-      threads = std::atoi(argv[a] + 10);
-      continue;
-    }
-    has_min_time = has_min_time || std::strncmp(argv[a], "--benchmark_min_time", 20) == 0;
-    args.push_back(argv[a]);
-  }
-  threads = std::max(threads, 1);
-  if (!has_min_time) {
-    args.push_back(min_time.data());
-  }
-  int n = static_cast<int>(args.size());
-  benchmark::Initialize(&n, args.data());
+  const int threads = torchamp_bench::init(argc, argv, "0.2", {}, [](const std::string&) {});
 
   std::vector<int> thread_counts = {1};
   if (threads > 1) {
@@ -445,7 +399,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  Collector collector;
+  torchamp_bench::Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);
   auto& g = collector.gbps;
 
