@@ -248,11 +248,7 @@ void SGD::fused_step(float inv_scale) {
       if (!grad.defined()) {
         continue;
       }
-      kernels::SgdJob job;
-      job.param = p.data_ptr();
-      job.grad = grad.data_ptr();
-      job.momentum_buffer = nullptr;
-      job.first = false;
+      bool first = false;  // a new momentum buffer: it takes the first direction
       at::Tensor buffer;
       if (options.momentum() != 0) {
         auto& slot = state_[compat::optim_state_key(state_, p)];
@@ -263,20 +259,19 @@ void SGD::fused_step(float inv_scale) {
         if (!st.momentum_buffer().defined()) {
           // The base class clones the first direction into the buffer.
           st.momentum_buffer(at::empty_like(p, at::MemoryFormat::Contiguous));
-          job.first = true;
+          first = true;
         }
         buffer = st.momentum_buffer();
-        job.momentum_buffer = buffer.data_ptr();
       }
       if (!p.device().is_cpu()) {
-        SgdBatch& b = batches[{g, p.device().index(), p.scalar_type(), job.first}];
+        SgdBatch& b = batches[{g, p.device().index(), p.scalar_type(), first}];
         if (b.params.empty()) {
           b.lr = options.lr();
           b.momentum = options.momentum();
           b.dampening = options.dampening();
           b.weight_decay = options.weight_decay();
           b.nesterov = options.nesterov();
-          b.first = job.first;
+          b.first = first;
         }
         b.params.push_back(p);
         b.grads.push_back(grad);
@@ -285,6 +280,11 @@ void SGD::fused_step(float inv_scale) {
         }
         continue;
       }
+      kernels::SgdJob job;
+      job.param = p.data_ptr();
+      job.grad = grad.data_ptr();
+      job.momentum_buffer = buffer.defined() ? buffer.data_ptr() : nullptr;
+      job.first = first;
       job.numel = p.numel();
       job.dtype = p.scalar_type();
       job.lr = options.lr();
