@@ -78,47 +78,46 @@ std::vector<std::vector<std::string>> run_ranks(const std::string& scenario, int
   return outputs;
 }
 
-class Agree : public ::testing::TestWithParam<int> {};
-
-TEST_P(Agree, InfOnOneRankSkipsTheStepOnEveryRankAndScalesStayEqual) {
-  const auto outputs = run_ranks("agree", GetParam());
-  // init 256, growth every clean step: 512, then the inf: 256, then 512.
-  const std::vector<std::string> expected = {
-      "step 0 stepped 1 scale 512 growth 0 backoff 0",
-      "step 1 stepped 0 scale 256 growth 0 backoff 0",
-      "step 2 stepped 1 scale 512 growth 0 backoff 0",
-  };
-  for (const auto& out : outputs) {
+// Runs `scenario` on `world` ranks; every rank must print `expected`.
+void expect_every_rank(const std::string& scenario, int world,
+                       const std::vector<std::string>& expected) {
+  for (const auto& out : run_ranks(scenario, world)) {
     EXPECT_EQ(out, expected);
   }
 }
 
+class Agree : public ::testing::TestWithParam<int> {};
+
+TEST_P(Agree, InfOnOneRankSkipsTheStepOnEveryRankAndScalesStayEqual) {
+  // init 256, growth every clean step: 512, then the inf: 256, then 512.
+  expect_every_rank("agree", GetParam(),
+                    {
+                        "step 0 stepped 1 scale 512 growth 0 backoff 0",
+                        "step 1 stepped 0 scale 256 growth 0 backoff 0",
+                        "step 2 stepped 1 scale 512 growth 0 backoff 0",
+                    });
+}
+
 TEST_P(Agree, NoInfAnywhereEveryRankSteps) {
-  const auto outputs = run_ranks("clean", GetParam());
-  const std::vector<std::string> expected = {
-      "step 0 stepped 1 scale 512 growth 0 backoff 0",
-      "step 1 stepped 1 scale 1024 growth 0 backoff 0",
-      "step 2 stepped 1 scale 2048 growth 0 backoff 0",
-  };
-  for (const auto& out : outputs) {
-    EXPECT_EQ(out, expected);
-  }
+  expect_every_rank("clean", GetParam(),
+                    {
+                        "step 0 stepped 1 scale 512 growth 0 backoff 0",
+                        "step 1 stepped 1 scale 1024 growth 0 backoff 0",
+                        "step 2 stepped 1 scale 2048 growth 0 backoff 0",
+                    });
 }
 
 // torchamp's fused AdamW: the scaler only checks (and agrees on) the
 // gradients and the update unscales them; the skipped step does not count.
 TEST_P(Agree, WithAFusedOptimizerTheSkippedStepDoesNotCountOnAnyRank) {
-  const auto outputs = run_ranks("agree-fused", GetParam());
-  const std::vector<std::string> expected = {
-      "step 0 stepped 1 scale 512 growth 0 backoff 0",
-      "step 1 stepped 0 scale 256 growth 0 backoff 0",
-      "step 2 stepped 1 scale 512 growth 0 backoff 0",
-      "adamw steps 2",
-      "adamw steps 2",
-  };
-  for (const auto& out : outputs) {
-    EXPECT_EQ(out, expected);
-  }
+  expect_every_rank("agree-fused", GetParam(),
+                    {
+                        "step 0 stepped 1 scale 512 growth 0 backoff 0",
+                        "step 1 stepped 0 scale 256 growth 0 backoff 0",
+                        "step 2 stepped 1 scale 512 growth 0 backoff 0",
+                        "adamw steps 2",
+                        "adamw steps 2",
+                    });
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Agree, ::testing::Values(2, 4));
