@@ -4,8 +4,12 @@
 //   fused_*     torchamp::optim::{SGD, AdamW}::step (one fused pass);
 //   scaled_*    a training step's scaler work plus the step: scaler.step(opt)
 //               (LibTorch's optimizer: unscale_ pass, then its step; ours: a
-//               read-only check pass, then the fused step unscaling in
-//               registers) and scaler.update();
+//               read-only check pass, then the fused step dividing each
+//               gradient as it reads it and writing it back unscaled) and
+//               scaler.update();
+//   unscaling_fused_adamw  the fused AdamW step alone with a grad_scale
+//               (amp_step, as scaler.step calls it): against fused_adamw, the
+//               cost of writing the unscaled gradients back (one more stream);
 //   ceiling     the bytes an ideal fused AdamW moves (read parameter,
 //               gradient and both moments, write parameter and both moments)
 //               as a plain streaming loop with the same threads.
@@ -111,6 +115,24 @@ void bm_scaled(benchmark::State& state, const Case& c, Options options) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * adamw_bytes(c)));
 }
 
+// The fused step with a grad_scale (2 and 0.5 alternating, so the gradients
+// written back stay where they are), without the scaler's check pass.
+template <class Opt, class Options>
+void bm_amp_step(benchmark::State& state, const Case& c, Options options) {
+  auto ps = make_params(c);
+  Opt opt(ps, options);
+  opt.step();  // the first step creates the state: not timed
+  sync();
+  int64_t i = 0;
+  for (auto _ : state) {
+    torchamp::AmpStepArgs args;
+    args.grad_scale = (i++ & 1) ? 0.5f : 2.0f;
+    opt.amp_step(args);
+    sync();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * adamw_bytes(c)));
+}
+
 TORCHAMP_TARGET_CLONES void stream7(float* __restrict p, const float* __restrict g,
                                     float* __restrict m, float* __restrict v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -184,6 +206,8 @@ int main(int argc, char** argv) {
         [c, adamw](benchmark::State& st) { bm_step<torch::optim::AdamW>(st, c, adamw); });
     reg("fused_adamw" + s,
         [c, adamw](benchmark::State& st) { bm_step<torchamp::optim::AdamW>(st, c, adamw); });
+    reg("unscaling_fused_adamw" + s,
+        [c, adamw](benchmark::State& st) { bm_amp_step<torchamp::optim::AdamW>(st, c, adamw); });
     reg("scaled_base_adamw" + s,
         [c, adamw](benchmark::State& st) { bm_scaled<torch::optim::AdamW>(st, c, adamw); });
     reg("scaled_fused_adamw" + s,
@@ -200,7 +224,8 @@ int main(int argc, char** argv) {
       "\nLibTorch %s, %s, %d threads, float32 parameters; times in ms per step (medians)\n"
       "| case | AdamW + scaler: LibTorch | torchamp | speedup | AdamW alone: LibTorch | "
       "torchamp | speedup | fused AdamW GB/s | of ceiling | SGD(momentum) alone: LibTorch | "
-      "torchamp | speedup |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      "torchamp | speedup | grad write-back "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       TORCH_VERSION, g_device.str().c_str(), at::get_num_threads());
   for (const auto& c : kCases) {
     const std::string s = std::string("/") + c.name;
@@ -212,12 +237,14 @@ int main(int argc, char** argv) {
     const double gbps = adamw_bytes(c) / fused / 1e9;
     const double ceiling = t.count("ceiling" + s) ? adamw_bytes(c) / t["ceiling" + s] / 1e9 : 0;
     std::printf(
-        "| %s | %.3f | %.3f | %.1fx | %.3f | %.3f | %.1fx | %.1f | %.2f | %.3f | %.3f | %.1fx |\n",
+        "| %s | %.3f | %.3f | %.1fx | %.3f | %.3f | %.1fx | %.1f | %.2f | %.3f | %.3f | %.1fx | "
+        "%+.0f%% |\n",
         c.name, ms("scaled_base_adamw" + s), ms("scaled_fused_adamw" + s),
         ms("scaled_base_adamw" + s) / ms("scaled_fused_adamw" + s), ms("base_adamw" + s),
         ms("fused_adamw" + s), ms("base_adamw" + s) / ms("fused_adamw" + s), gbps,
         ceiling > 0 ? gbps / ceiling : 0.0, ms("base_sgd" + s), ms("fused_sgd" + s),
-        ms("base_sgd" + s) / ms("fused_sgd" + s));
+        ms("base_sgd" + s) / ms("fused_sgd" + s),
+        (ms("unscaling_fused_adamw" + s) / ms("fused_adamw" + s) - 1) * 100);
   }
   benchmark::Shutdown();
   return 0;

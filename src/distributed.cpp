@@ -32,16 +32,4 @@ GradScaler::FoundInfReducer all_reduce_found_inf(c10::intrusive_ptr<c10d::Proces
   };
 }
 
-void set_process_group(GradScaler& scaler, c10::intrusive_ptr<c10d::ProcessGroup> group,
-                       std::optional<std::chrono::milliseconds> timeout) {
-  scaler.set_found_inf_reducer(group ? all_reduce_found_inf(std::move(group), timeout)
-                                     : GradScaler::FoundInfReducer());
-}
-
-void set_process_group(paddle::GradScaler& scaler, c10::intrusive_ptr<c10d::ProcessGroup> group,
-                       std::optional<std::chrono::milliseconds> timeout) {
-  scaler.set_found_inf_reducer(group ? all_reduce_found_inf(std::move(group), timeout)
-                                     : GradScaler::FoundInfReducer());
-}
-
 }  // namespace torchamp

@@ -67,13 +67,17 @@ bool fusable(const torch::optim::Optimizer& opt, StateTensors state_tensors) {
 }
 
 // ATen's fused ops divide each gradient by a scale tensor on its device
-// (and then write it back divided); none for a plain step.
-c10::optional<at::Tensor> grad_scale_on(c10::Device device, float inv_scale) {
-  if (inv_scale == 1.0f) {
+// (and then write it back divided); none when the gradients are unscaled.
+c10::optional<at::Tensor> grad_scale_on(c10::Device device, const AmpStepArgs& args) {
+  if (!args.grad_scale) {
     return c10::nullopt;
   }
-  return at::full({1}, static_cast<float>(1.0 / static_cast<double>(inv_scale)),
-                  at::TensorOptions().dtype(at::kFloat).device(device));
+  return at::full({1}, *args.grad_scale, at::TensorOptions().dtype(at::kFloat).device(device));
+}
+
+// The kernels' grad_scale pointer: null when the gradients are unscaled.
+const float* grad_scale_ptr(const AmpStepArgs& args) {
+  return args.grad_scale ? &*args.grad_scale : nullptr;
 }
 
 // One 0-dim tensor per element of a contiguous 1-D tensor, sharing its
@@ -112,7 +116,10 @@ struct SgdBatch {
 };
 
 template <class Options, class State>
-void adam_fused(torch::optim::Optimizer& opt, float inv_scale, bool decoupled) {
+void adam_fused(torch::optim::Optimizer& opt, const AmpStepArgs& args, bool decoupled) {
+  if (args.found_inf) {  // as ATen's kernels with found_inf set: nothing changes
+    return;
+  }
   at::NoGradGuard no_grad;
   auto& state = opt.state();
   std::vector<kernels::AdamJob> jobs;
@@ -185,7 +192,7 @@ void adam_fused(torch::optim::Optimizer& opt, float inv_scale, bool decoupled) {
       jobs.push_back(job);
     }
   }
-  kernels::adam_step_cpu(jobs, inv_scale);
+  kernels::adam_step_cpu(jobs, grad_scale_ptr(args));
   for (auto& [key, b] : batches) {
     const c10::Device device = b.params.front().device();
     // ATen reads each step count from a float32 tensor on the device: one
@@ -195,7 +202,7 @@ void adam_fused(torch::optim::Optimizer& opt, float inv_scale, bool decoupled) {
     const std::vector<at::Tensor> steps = element_views(host.to(device));
     compat::fused_adam(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, steps, b.lr,
                        b.beta1, b.beta2, b.weight_decay, b.eps, b.amsgrad, decoupled,
-                       grad_scale_on(device, inv_scale));
+                       grad_scale_on(device, args));
   }
 }
 
@@ -217,8 +224,8 @@ at::Tensor fused_or_base_step(Self& self, torch::optim::Optimizer::LossClosure c
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  if (self.can_fuse()) {
-    self.fused_step(1.0f);
+  if (self.supports_amp_scaling()) {
+    self.amp_step(AmpStepArgs());
   } else {
     self.Base::step(nullptr);
   }
@@ -231,11 +238,14 @@ at::Tensor SGD::step(LossClosure closure) {
   return fused_or_base_step<SGD, torch::optim::SGD>(*this, std::move(closure));
 }
 
-bool SGD::can_fuse() const {
+bool SGD::supports_amp_scaling() const {
   return fusable<torch::optim::SGDParamState>(*this, sgd_state_tensors);
 }
 
-void SGD::fused_step(float inv_scale) {
+void SGD::amp_step(const AmpStepArgs& args) {
+  if (args.found_inf) {  // as ATen's kernels with found_inf set: nothing changes
+    return;
+  }
   at::NoGradGuard no_grad;
   std::vector<kernels::SgdJob> jobs;
   std::map<BatchKey, SgdBatch> batches;
@@ -295,10 +305,10 @@ void SGD::fused_step(float inv_scale) {
       jobs.push_back(job);
     }
   }
-  kernels::sgd_step_cpu(jobs, inv_scale);
+  kernels::sgd_step_cpu(jobs, grad_scale_ptr(args));
   for (auto& [key, b] : batches) {
     compat::fused_sgd(b.params, b.grads, b.buffers, b.weight_decay, b.momentum, b.lr, b.dampening,
-                      b.nesterov, b.first, grad_scale_on(b.params.front().device(), inv_scale));
+                      b.nesterov, b.first, grad_scale_on(b.params.front().device(), args));
   }
 }
 
@@ -306,26 +316,26 @@ at::Tensor Adam::step(LossClosure closure) {
   return fused_or_base_step<Adam, torch::optim::Adam>(*this, std::move(closure));
 }
 
-bool Adam::can_fuse() const {
+bool Adam::supports_amp_scaling() const {
   return fusable<torch::optim::AdamParamState>(*this,
                                                adam_state_tensors<torch::optim::AdamParamState>);
 }
 
-void Adam::fused_step(float inv_scale) {
-  adam_fused<torch::optim::AdamOptions, torch::optim::AdamParamState>(*this, inv_scale, false);
+void Adam::amp_step(const AmpStepArgs& args) {
+  adam_fused<torch::optim::AdamOptions, torch::optim::AdamParamState>(*this, args, false);
 }
 
 at::Tensor AdamW::step(LossClosure closure) {
   return fused_or_base_step<AdamW, torch::optim::AdamW>(*this, std::move(closure));
 }
 
-bool AdamW::can_fuse() const {
+bool AdamW::supports_amp_scaling() const {
   return fusable<torch::optim::AdamWParamState>(*this,
                                                 adam_state_tensors<torch::optim::AdamWParamState>);
 }
 
-void AdamW::fused_step(float inv_scale) {
-  adam_fused<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(*this, inv_scale, true);
+void AdamW::amp_step(const AmpStepArgs& args) {
+  adam_fused<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(*this, args, true);
 }
 
 }  // namespace optim

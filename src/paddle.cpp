@@ -1,6 +1,8 @@
 #include <torchamp/paddle.h>
 
-#include <ATen/ops/full.h>
+#include "serialize.h"
+#include "state_keys.h"
+
 #include <c10/util/Exception.h>
 
 namespace torchamp {
@@ -18,7 +20,7 @@ GradScalerOptions paddle_options(bool enable, double init_loss_scaling, double i
   ScaleSchedule::check_interval(decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf");
   return GradScalerOptions()
       .enabled(enable)
-      .init_scale(init_loss_scaling)
+      .init_scale(enable ? init_loss_scaling : 1.0)  // Paddle: 1.0 when disabled
       .growth_factor(incr_ratio)
       .backoff_factor(decr_ratio)
       .growth_interval(incr_every_n_steps)
@@ -32,8 +34,7 @@ GradScaler::GradScaler(bool enable, double init_loss_scaling, double incr_ratio,
                        int64_t incr_every_n_steps, int64_t decr_every_n_nan_or_inf,
                        bool use_dynamic_loss_scaling)
     : core_(paddle_options(enable, init_loss_scaling, incr_ratio, decr_ratio, incr_every_n_steps,
-                           decr_every_n_nan_or_inf, use_dynamic_loss_scaling)),
-      init_loss_scaling_(init_loss_scaling) {}
+                           decr_every_n_nan_or_inf, use_dynamic_loss_scaling)) {}
 
 std::optional<at::Tensor> GradScaler::minimize(torch::optim::Optimizer& optimizer) {
   auto result = core_.step(optimizer);
@@ -48,9 +49,7 @@ std::optional<at::Tensor> GradScaler::minimize(torch::optim::Optimizer& optimize
 
 void GradScaler::set_init_loss_scaling(double new_init_loss_scaling) {
   ScaleSchedule::check_scale(new_init_loss_scaling, "init_loss_scaling");
-  core_.schedule_.set_scale(new_init_loss_scaling);
-  core_.options_.init_scale(new_init_loss_scaling);
-  init_loss_scaling_ = new_init_loss_scaling;
+  core_.set_init_scale(new_init_loss_scaling);
 }
 
 void GradScaler::set_incr_ratio(double new_incr_ratio) {
@@ -74,20 +73,10 @@ void GradScaler::set_decr_every_n_nan_or_inf(int64_t new_decr_every_n_nan_or_inf
 }
 
 StateDict GradScaler::state_dict() const {
-  StateDict state(c10::StringType::get(), c10::AnyType::get());
   if (!is_enable()) {
-    return state;
+    return StateDict(c10::StringType::get(), c10::AnyType::get());
   }
-  const ScaleSchedule& s = core_.schedule_;
-  state.insert("scale", at::full({1}, s.scale(), at::TensorOptions().dtype(at::kFloat)));
-  state.insert("incr_ratio", s.growth_factor());
-  state.insert("decr_ratio", s.backoff_factor());
-  state.insert("incr_every_n_steps", s.growth_interval());
-  state.insert("decr_every_n_nan_or_inf", s.backoff_interval());
-  state.insert("incr_count", s.growth_tracker());
-  state.insert("decr_count", s.backoff_tracker());
-  state.insert("use_dynamic_loss_scaling", s.dynamic());
-  return state;
+  return detail::write_state_dict(detail::state_of(core_), detail::Schema::kPaddle);
 }
 
 void GradScaler::load_state_dict(const StateDict& state) {
@@ -97,8 +86,19 @@ void GradScaler::load_state_dict(const StateDict& state) {
   TORCH_CHECK(!state.empty(),
               "The input state dict is empty, possibly because it was saved from a disabled "
               "instance of GradScaler.");
-  core_.load_state_dict(state);  // either schema; all-or-nothing
-  init_loss_scaling_ = core_.get_scale();
+  core_.load_state_dict(state);  // any schema; all-or-nothing; init scale = the loaded scale
+}
+
+torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
+                                            const GradScaler& scaler) {
+  detail::write_state(archive, scaler.state_dict());
+  return archive;
+}
+
+torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
+                                           GradScaler& scaler) {
+  scaler.load_state_dict(detail::read_state(archive));
+  return archive;
 }
 
 }  // namespace paddle

@@ -1,21 +1,16 @@
-// torch::save / torch::load of both scalers: each state_dict entry becomes one
-// archive attribute, so either facade's file loads into either facade.
+// torch::save / torch::load of a GradScaler: each state_dict entry becomes one
+// archive attribute; loading reads back every key of every schema in the one
+// key table (state_keys.h), so a Paddle facade's file loads too.
 
-#include <torchamp/grad_scaler.h>
-#include <torchamp/paddle.h>
+#include "serialize.h"
+
+#include "state_keys.h"
 
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
 namespace torchamp {
-namespace {
-
-// Every key either schema may hold.
-const char* const kKeys[] = {
-    "scale",           "growth_factor",    "backoff_factor",          "growth_interval",
-    "_growth_tracker", "backoff_interval", "_backoff_tracker",        "dynamic",
-    "incr_ratio",      "decr_ratio",       "incr_every_n_steps",      "decr_every_n_nan_or_inf",
-    "incr_count",      "decr_count",       "use_dynamic_loss_scaling"};
+namespace detail {
 
 void write_state(torch::serialize::OutputArchive& archive, const StateDict& state) {
   for (const auto& entry : state) {
@@ -25,7 +20,7 @@ void write_state(torch::serialize::OutputArchive& archive, const StateDict& stat
 
 StateDict read_state(torch::serialize::InputArchive& archive) {
   StateDict state(c10::StringType::get(), c10::AnyType::get());
-  for (const char* key : kKeys) {
+  for (const char* key : all_state_keys()) {
     c10::IValue value;
     if (archive.try_read(key, value)) {
       state.insert(key, std::move(value));
@@ -34,45 +29,18 @@ StateDict read_state(torch::serialize::InputArchive& archive) {
   return state;
 }
 
-// One implementation for both facades: each state_dict entry is an archive
-// attribute, read back into a dict for load_state_dict.
-template <class Scaler>
-torch::serialize::OutputArchive& save_scaler(torch::serialize::OutputArchive& archive,
-                                             const Scaler& scaler) {
-  write_state(archive, scaler.state_dict());
-  return archive;
-}
-
-template <class Scaler>
-torch::serialize::InputArchive& load_scaler(torch::serialize::InputArchive& archive,
-                                            Scaler& scaler) {
-  scaler.load_state_dict(read_state(archive));
-  return archive;
-}
-
-}  // namespace
+}  // namespace detail
 
 torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
                                             const GradScaler& scaler) {
-  return save_scaler(archive, scaler);
+  detail::write_state(archive, scaler.state_dict());
+  return archive;
 }
 
 torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
                                            GradScaler& scaler) {
-  return load_scaler(archive, scaler);
+  scaler.load_state_dict(detail::read_state(archive));
+  return archive;
 }
 
-namespace paddle {
-
-torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
-                                            const GradScaler& scaler) {
-  return save_scaler(archive, scaler);
-}
-
-torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
-                                           GradScaler& scaler) {
-  return load_scaler(archive, scaler);
-}
-
-}  // namespace paddle
 }  // namespace torchamp

@@ -753,3 +753,88 @@ TEST(GradScalerCuda, GradientsUnscaledOnDeviceWithAtenKernels) {
 }
 
 }  // namespace
+
+// ---- the optimizer hook (torchamp/amp_step.h) ------------------------------------
+
+namespace {
+
+// A user's own optimizer that takes the scale in its step, as Python's
+// `_step_supports_amp_scaling` optimizers: it records what the scaler hands
+// it, divides the gradients itself and takes a plain SGD step (lr 1).
+struct ScaleTakingSGD : torch::optim::SGD, torchamp::StepSupportsAmpScaling {
+  explicit ScaleTakingSGD(std::vector<torch::Tensor> params)
+      : torch::optim::SGD(std::move(params), torch::optim::SGDOptions(1.0)) {}
+  bool supports_amp_scaling() const override { return supports; }
+  void amp_step(const torchamp::AmpStepArgs& args) override {
+    calls.push_back(args);
+    if (args.found_inf) {
+      return;
+    }
+    torch::NoGradGuard no_grad;
+    for (auto& p : param_groups()[0].params()) {
+      if (args.grad_scale) {
+        p.mutable_grad().div_(*args.grad_scale);
+      }
+    }
+    torch::optim::SGD::step(nullptr);
+  }
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    ++plain_steps;
+    return torch::optim::SGD::step(std::move(closure));
+  }
+  bool supports = true;
+  std::vector<torchamp::AmpStepArgs> calls;
+  int plain_steps = 0;
+};
+
+}  // namespace
+
+TEST(GradScalerAmpStep, AUsersOptimizerGetsTheScaleAndTheFlagAsInPython) {
+  auto p = param_with_grad(torch::full({3}, 2048.0f));
+  ScaleTakingSGD opt({p});
+  GradScaler s(GradScalerOptions().init_scale(1024).growth_interval(100));
+  // A clean step: the scale itself (not its inverse), no overflow; the
+  // scaler leaves the gradients to the optimizer.
+  ASSERT_TRUE(s.step(opt).has_value());
+  ASSERT_EQ(opt.calls.size(), 1u);
+  ASSERT_TRUE(opt.calls[0].grad_scale.has_value());
+  EXPECT_EQ(*opt.calls[0].grad_scale, 1024.0f);
+  EXPECT_FALSE(opt.calls[0].found_inf);
+  EXPECT_TRUE(p.grad().eq(2.0f).all().item<bool>());  // divided once, by the optimizer
+  EXPECT_TRUE(p.eq(-2.0f).all().item<bool>());
+  EXPECT_EQ(opt.plain_steps, 0);
+  s.update();
+
+  // An overflow: the optimizer is still called (as Python's fused ones are),
+  // with the flag; step returns nullopt and the scaler counts the skip.
+  p.mutable_grad() = torch::tensor({1.0f, kInf, 1.0f});
+  EXPECT_FALSE(s.step(opt).has_value());
+  ASSERT_EQ(opt.calls.size(), 2u);
+  EXPECT_TRUE(opt.calls[1].found_inf);
+  EXPECT_EQ(*opt.calls[1].grad_scale, 1024.0f);
+  EXPECT_EQ(p.grad()[1].item<float>(), kInf);  // not unscaled by the scaler
+  EXPECT_TRUE(p.eq(-2.0f).all().item<bool>());
+  EXPECT_EQ(s.get_consecutive_skips(), 1);
+  s.update();
+  EXPECT_EQ(s.get_scale(), 512.0);
+
+  // unscale_ first (e.g. to clip): the gradients are real, so no scale.
+  p.mutable_grad() = torch::full({3}, 512.0f);
+  s.unscale_(opt);
+  EXPECT_TRUE(p.grad().eq(1.0f).all().item<bool>());
+  ASSERT_TRUE(s.step(opt).has_value());
+  ASSERT_EQ(opt.calls.size(), 3u);
+  EXPECT_FALSE(opt.calls[2].grad_scale.has_value());
+  EXPECT_FALSE(opt.calls[2].found_inf);
+  EXPECT_TRUE(p.eq(-3.0f).all().item<bool>());
+  s.update();
+
+  // supports_amp_scaling() false: an optimizer like any other (the scaler
+  // unscales, then step()).
+  opt.supports = false;
+  p.mutable_grad() = torch::full({3}, 512.0f);
+  ASSERT_TRUE(s.step(opt).has_value());
+  EXPECT_EQ(opt.calls.size(), 3u);
+  EXPECT_EQ(opt.plain_steps, 1);
+  EXPECT_TRUE(p.eq(-4.0f).all().item<bool>());
+}

@@ -4,8 +4,9 @@
 // reference page, PyTorch's GradScaler, the core issue), runs side by side with
 // the real scaler over random call sequences: 1-3 optimizers, each one of
 // LibTorch's SGD (lr 1, so a step is p -= g) or AdamW, or torchamp's fused
-// SGD, Adam or AdamW (whose step through the scaler only checks the gradients
-// and unscales them inside the update, leaving them scaled), gradients with
+// SGD, Adam or AdamW (whose step through the scaler only checks the gradients;
+// the update divides them by the scale and writes them back divided, as
+// Python's fused optimizers; a skipped step leaves them scaled), gradients with
 // random inf/NaN, unscale_/step/update in any order, update(new_scale),
 // setters with good and bad values, state-dict round trips through pickle
 // into a fresh scaler, random options. After every call it compares the error
@@ -220,7 +221,7 @@ struct Model {
     Stage stage = kReady;
     bool checked = false;
     bool found = false;
-    bool deferred = false;  // fused: gradients left scaled, unscaled inside the update
+    bool deferred = false;  // fused: gradients left scaled, divided inside the update
   };
   bool enabled, dynamic;
   float scale;
@@ -336,7 +337,7 @@ struct Model {
           }
           ++skips;
         } else {
-          optimizer_step(c.opt, o.deferred ? inv_scale() : 1.0f);
+          optimizer_step(c.opt, o.deferred ? std::optional<float>(scale) : std::nullopt);
         }
         o.stage = kStepped;
         return {};
@@ -405,10 +406,19 @@ struct Model {
     return {};
   }
 
-  // SGD: lr 1, p -= g; Adam(W): the reference optimizer's step. `inv`: the
-  // fused update's unscale, in registers (g * inv rounded to float32, as
-  // unscale_ would have stored it).
-  void optimizer_step(int o, float inv = 1.0f) {
+  // SGD: lr 1, p -= g; Adam(W): the reference optimizer's step. `grad_scale`:
+  // the fused update's unscale, g / scale in float32, written back to the
+  // gradient as ATen's fused ops do.
+  void optimizer_step(int o, std::optional<float> grad_scale = std::nullopt) {
+    if (grad_scale) {
+      for (auto& g : grads[o]) {
+        if (g) {
+          for (float& v : *g) {
+            v = v / *grad_scale;
+          }
+        }
+      }
+    }
     if (ref_opts[o]) {
       for (size_t p = 0; p < grads[o].size(); ++p) {
         if (!grads[o][p]) {
@@ -417,7 +427,7 @@ struct Model {
         }
         std::vector<float> g(3);
         for (size_t i = 0; i < 3; ++i) {
-          g[i] = (*grads[o][p])[i] * inv;
+          g[i] = (*grads[o][p])[i];
         }
         ref_params[o][p].mutable_grad() = torch::from_blob(g.data(), {3}).clone();
       }
@@ -427,8 +437,7 @@ struct Model {
     for (size_t p = 0; p < params[o].size(); ++p) {
       if (grads[o][p]) {
         for (size_t i = 0; i < 3; ++i) {
-          const float g = (*grads[o][p])[i] * inv;
-          params[o][p][i] = params[o][p][i] - g;
+          params[o][p][i] = params[o][p][i] - (*grads[o][p])[i];
         }
       }
     }

@@ -92,7 +92,7 @@ void compare_steps(const Options& options, const std::string& what, int steps = 
   for (int s = 0; s < steps; ++s) {
     set_grads(base_params, 100 + s);
     set_grads(fused_params, 100 + s);
-    EXPECT_TRUE(fused.can_fuse()) << what;
+    EXPECT_TRUE(fused.supports_amp_scaling()) << what;
     base.step();
     fused.step();
     expect_close(fused_params, base_params, what + " step " + std::to_string(s));
@@ -239,7 +239,7 @@ TEST(FusedOptim, Bfloat16IsFloat32MathRoundedOnce) {
   for (size_t i = 0; i < bf.size(); ++i) {
     f32[i].mutable_grad() = bf[i].grad().to(at::kFloat);
   }
-  ASSERT_TRUE(fused.can_fuse());
+  ASSERT_TRUE(fused.supports_amp_scaling());
   fused.step();
   base.step();
   int64_t total = 0, equal = 0;
@@ -318,7 +318,7 @@ TEST(FusedOptim, NonFusableParametersTakeTheBaseClassStep) {
   auto p = torch::zeros({4});
   p.mutable_grad() = torch::ones({4}, at::kHalf);  // another dtype than the parameter
   torchamp::optim::SGD opt({p}, 0.5);
-  EXPECT_FALSE(opt.can_fuse());
+  EXPECT_FALSE(opt.supports_amp_scaling());
   opt.step();
   EXPECT_TRUE(p.eq(-0.5).all().item<bool>());
 }
@@ -326,8 +326,10 @@ TEST(FusedOptim, NonFusableParametersTakeTheBaseClassStep) {
 // ---- with the GradScaler ---------------------------------------------------------
 
 // Scaled training with a fused optimizer and with LibTorch's own: the same
-// skip decisions, scales and (within tolerance) parameters; gradients are
-// still scaled after a fused step; a skipped step changes nothing.
+// skip decisions, scales and (within tolerance) parameters; after a fused
+// step the gradients are unscaled, equal to those LibTorch's optimizer saw
+// (the scale is a power of two); a skipped step changes nothing, gradients
+// included.
 TEST(FusedScaler, SameDecisionsAsUnscaleThenBaseStepAndSkipsChangeNothing) {
   auto base_params = make_params(at::kFloat, 5);
   auto fused_params = clone_all(base_params);
@@ -358,8 +360,12 @@ TEST(FusedScaler, SameDecisionsAsUnscaleThenBaseStepAndSkipsChangeNothing) {
     const auto r1 = s1.step(base);
     const auto r2 = s2.step(fused);
     EXPECT_EQ(r1.has_value(), r2.has_value()) << "step " << step;
-    for (size_t i = 0; i < fused_params.size(); ++i) {  // the update never writes gradients
-      EXPECT_TRUE(torch::equal(fused_params[i].grad(), grads_before[i]));
+    for (size_t i = 0; i < fused_params.size(); ++i) {
+      if (r2.has_value()) {  // written back unscaled by the update, as Python's fused optimizers
+        EXPECT_TRUE(torch::equal(fused_params[i].grad(), base_params[i].grad())) << "step " << step;
+      } else {  // a skipped step writes nothing
+        EXPECT_TRUE(torch::equal(fused_params[i].grad(), grads_before[i])) << "step " << step;
+      }
     }
     if (!r2.has_value()) {
       for (size_t i = 0; i < fused_params.size(); ++i) {
@@ -382,6 +388,73 @@ TEST(FusedScaler, SameDecisionsAsUnscaleThenBaseStepAndSkipsChangeNothing) {
     EXPECT_EQ(s1.get_scale(), s2.get_scale());
     expect_close(fused_params, base_params, "step " + std::to_string(step), 1e-5, 1e-5);
   }
+}
+
+// PyTorch's test_grad_scaling_autocast_fused_optimizers (test/test_optim.py):
+// a model trained with the scaler (init_scale 128) and a fused optimizer, and
+// the same model with the non-fused optimizer as control: after every
+// scaler.step the fused run's gradients equal the control's (unscaled), the
+// losses and parameters agree. The first step's gradients come from identical
+// parameters and are compared bit for bit; later ones within PyTorch's 1e-4.
+template <class Base, class Fused, class Options>
+void fused_gradients_as_pytorch(const Options& options, c10::Device device, const char* what) {
+  auto make_model = [&] {
+    torch::manual_seed(7);
+    torch::nn::Sequential m(torch::nn::Linear(8, 8), torch::nn::ReLU(), torch::nn::Linear(8, 8));
+    m->to(device);
+    return m;
+  };
+  auto control = make_model();
+  auto scaling = make_model();
+  Base opt_control(control->parameters(), options);
+  Fused opt_scaling(scaling->parameters(), options);
+  GradScaler s_control(GradScalerOptions().init_scale(128.0));
+  GradScaler s_scaling(GradScalerOptions().init_scale(128.0));
+  torch::manual_seed(8);
+  for (int i = 0; i < 4; ++i) {
+    const auto input = torch::randn({8, 8}).to(device);
+    const auto target = torch::randn({8, 8}).to(device);
+    auto train = [&](torch::nn::Sequential& m, torch::optim::Optimizer& opt, GradScaler& s) {
+      opt.zero_grad();
+      torch::Tensor loss;
+      {
+        torchamp::autocast guard(device.type());
+        loss = torch::mse_loss(m->forward(input).to(torch::kFloat), target);
+      }
+      s.scale(loss).backward();
+      s.step(opt);
+      s.update();
+      return loss.detach();
+    };
+    const auto loss_control = train(control, opt_control, s_control);
+    ASSERT_TRUE(opt_scaling.supports_amp_scaling()) << what;
+    const auto loss_scaling = train(scaling, opt_scaling, s_scaling);
+    const std::string at = std::string(what) + " on " + device.str() + " step " + std::to_string(i);
+    EXPECT_TRUE(torch::allclose(loss_control, loss_scaling, 1e-4, 1e-4)) << at;
+    const auto pc = control->parameters();
+    const auto ps = scaling->parameters();
+    for (size_t k = 0; k < pc.size(); ++k) {
+      if (i == 0) {
+        EXPECT_TRUE(torch::equal(pc[k].grad(), ps[k].grad())) << at << " gradient " << k;
+      }
+      EXPECT_TRUE(torch::allclose(pc[k].grad(), ps[k].grad(), 1e-4, 1e-4))
+          << at << " gradient " << k;
+      EXPECT_TRUE(torch::allclose(pc[k], ps[k], 1e-4, 1e-4)) << at << " parameter " << k;
+    }
+  }
+}
+
+void fused_gradients_as_pytorch_on(c10::Device device) {
+  fused_gradients_as_pytorch<torch::optim::SGD, torchamp::optim::SGD>(
+      torch::optim::SGDOptions(0.1).momentum(0.9), device, "SGD");
+  fused_gradients_as_pytorch<torch::optim::Adam, torchamp::optim::Adam>(
+      torch::optim::AdamOptions(1e-2), device, "Adam");
+  fused_gradients_as_pytorch<torch::optim::AdamW, torchamp::optim::AdamW>(
+      torch::optim::AdamWOptions(1e-2).amsgrad(true), device, "AdamW");
+}
+
+TEST(FusedScaler, GradientsAfterAFusedStepAreUnscaledAsPyTorchs) {
+  fused_gradients_as_pytorch_on(c10::kCPU);
 }
 
 TEST(FusedScaler, UnscaleBeforeStepIsNotUnscaledTwice) {
@@ -423,9 +496,17 @@ TEST(FusedScaler, MaxConsecutiveSkipsAndThePaddleFacade) {
   const auto before = clone_all(qs);
   torchamp::paddle::GradScaler paddle_scaler(true, 1024);
   set_grads(qs, 2, 1024);
+  const auto scaled_grads = [&] {
+    std::vector<at::Tensor> g;
+    for (auto& q : qs) {
+      g.push_back(q.grad().clone());
+    }
+    return g;
+  }();
   paddle_scaler.minimize(sgd);
-  for (size_t i = 0; i < qs.size(); ++i) {  // p - lr * (g * 1024) / 1024
-    EXPECT_TRUE(torch::allclose(qs[i], before[i] - 0.1 * qs[i].grad() / 1024, kRtol, kAtol));
+  for (size_t i = 0; i < qs.size(); ++i) {  // p - lr * (g * 1024) / 1024, g written back unscaled
+    EXPECT_TRUE(torch::equal(qs[i].grad(), scaled_grads[i] / 1024));
+    EXPECT_TRUE(torch::allclose(qs[i], before[i] - 0.1 * qs[i].grad(), kRtol, kAtol));
   }
 }
 
@@ -441,7 +522,7 @@ bool cuda_fused_or_skip() {
     auto p = torch::zeros({4}, torch::kCUDA);
     p.mutable_grad() = torch::ones({4}, torch::kCUDA);
     torchamp::optim::AdamW opt({p}, 0.1);
-    EXPECT_FALSE(opt.can_fuse());
+    EXPECT_FALSE(opt.supports_amp_scaling());
     return false;
   }
   return true;
@@ -491,7 +572,7 @@ void mixed_devices_and_late_gradients(const Options& group_options, const Option
         }
       }
     }
-    ASSERT_TRUE(fused.can_fuse());
+    ASSERT_TRUE(fused.supports_amp_scaling());
     base.step();
     fused.step();
     expect_close(a2, a1, std::string(what) + " float32 CPU+CUDA step " + std::to_string(s));
@@ -532,7 +613,7 @@ void scaled_on_cuda(const Options& options, const char* what) {
       base_params[4].mutable_grad()[17] = std::numeric_limits<float>::quiet_NaN();
       fused_params[4].mutable_grad()[17] = std::numeric_limits<float>::quiet_NaN();
     }
-    ASSERT_TRUE(fused.can_fuse());
+    ASSERT_TRUE(fused.supports_amp_scaling());
     const auto params_before = clone_all(fused_params);
     std::vector<at::Tensor> grads_before;
     for (auto& p : fused_params) {
@@ -558,6 +639,11 @@ void scaled_on_cuda(const Options& options, const char* what) {
     EXPECT_EQ(s1.get_scale(), s2.get_scale());
     expect_close(fused_params, base_params, std::string(what) + " step " + std::to_string(step));
   }
+}
+
+TEST(FusedScalerCuda, GradientsAfterAFusedStepAreUnscaledAsPyTorchs) {
+  TORCHAMP_REQUIRE_CUDA_FUSED();
+  fused_gradients_as_pytorch_on(c10::kCUDA);
 }
 
 TEST(FusedScalerCuda, SameDecisionsUnscaledGradientsAndSkipsChangeNothing) {

@@ -319,6 +319,30 @@ TEST(PaddleGradScaler, DisabledStaysDisabled) {
   EXPECT_FALSE(s.is_enable());
 }
 
+// Paddle's own test (test/amp/test_grad_scaler_out.py, test_disabled_scaler)
+// expects a disabled scaler's initial loss scaling to be 1.0 whatever was
+// passed: Paddle's __init__ sets `_init_loss_scaling = 1.0` and
+// `_use_dynamic_loss_scaling = False` before `if self._enable:`, and its
+// setters still work. The ratio and interval getters raise AttributeError in
+// Paddle (never set when disabled); torchamp returns the configured values.
+TEST(PaddleGradScaler, DisabledGettersAreWhatPaddleReports) {
+  GradScaler s(/*enable=*/false, /*init_loss_scaling=*/1024, 3.0, 0.25, 9, 4);
+  EXPECT_FALSE(s.is_enable());
+  EXPECT_EQ(s.get_init_loss_scaling(), 1.0);
+  EXPECT_FALSE(s.is_use_dynamic_loss_scaling());
+  EXPECT_EQ(s.get_scale(), 1.0);  // PyTorch's disabled get_scale()
+  EXPECT_EQ(s.get_incr_ratio(), 3.0);
+  EXPECT_EQ(s.get_decr_ratio(), 0.25);
+  EXPECT_EQ(s.get_incr_every_n_steps(), 9);
+  EXPECT_EQ(s.get_decr_every_n_nan_or_inf(), 4);
+  EXPECT_EQ(GradScaler(false).get_init_loss_scaling(), 1.0);
+  s.set_init_loss_scaling(64);  // Paddle's setter works when disabled
+  EXPECT_EQ(s.get_init_loss_scaling(), 64.0);
+  EXPECT_EQ(s.get_scale(), 1.0);
+  EXPECT_EQ(GradScaler(true).get_init_loss_scaling(), 32768.0);
+  EXPECT_TRUE(GradScaler(true).is_use_dynamic_loss_scaling());
+}
+
 // ---- checkpoints across schemas --------------------------------------------
 
 TEST(CrossSchema, CoreLoadsPaddlesSchema) {

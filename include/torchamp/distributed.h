@@ -23,7 +23,6 @@
 /// for the same optimizers in the same order, as with any collective.
 
 #include <torchamp/grad_scaler.h>
-#include <torchamp/paddle.h>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -42,11 +41,13 @@ GradScaler::FoundInfReducer all_reduce_found_inf(
     std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
 /// Gives the scaler a process group (see above); a null group removes it.
-void set_process_group(GradScaler& scaler, c10::intrusive_ptr<c10d::ProcessGroup> group,
-                       std::optional<std::chrono::milliseconds> timeout = std::nullopt);
-
-/// The same for Paddle's facade.
-void set_process_group(paddle::GradScaler& scaler, c10::intrusive_ptr<c10d::ProcessGroup> group,
-                       std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+/// Any scaler with `set_found_inf_reducer`: torchamp::GradScaler and the
+/// facades over it (torchamp::paddle::GradScaler).
+template <class Scaler>
+void set_process_group(Scaler& scaler, c10::intrusive_ptr<c10d::ProcessGroup> group,
+                       std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+  scaler.set_found_inf_reducer(group ? all_reduce_found_inf(std::move(group), timeout)
+                                     : GradScaler::FoundInfReducer());
+}
 
 }  // namespace torchamp

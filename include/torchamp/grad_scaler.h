@@ -4,6 +4,7 @@
 /// `torchamp::GradScaler`: dynamic loss scaling for the LibTorch C++ frontend,
 /// the counterpart of Python's `torch.amp.GradScaler`.
 
+#include <torchamp/amp_step.h>
 #include <torchamp/scale_schedule.h>
 
 #include <ATen/core/Dict.h>
@@ -30,29 +31,6 @@ class OutputArchive;
 }  // namespace torch
 
 namespace torchamp {
-namespace paddle {
-class GradScaler;
-}  // namespace paddle
-
-namespace detail {
-struct GradCache;
-/// Each optimizer's gradient list, kept between steps by a GradScaler (see
-/// grad_scaler.cpp). Only an accelerator: a copy starts empty.
-class GradCaches {
- public:
-  GradCaches();
-  ~GradCaches();
-  GradCaches(const GradCaches& /*other*/);
-  GradCaches& operator=(const GradCaches& other);
-  GradCaches(GradCaches&& other) noexcept;
-  GradCaches& operator=(GradCaches&& other) noexcept;
-  GradCache& of(const torch::optim::Optimizer* optimizer);
-
- private:
-  struct Map;
-  std::unique_ptr<Map> map_;
-};
-}  // namespace detail
 
 /// A scaler's serialisable state: a string-keyed dictionary of IValues, the
 /// type `torch::pickle_load(bytes).toGenericDict()` returns. An empty one is
@@ -161,18 +139,19 @@ class GradScaler {
   /// (never twice), then returns `optimizer.step()`, or `std::nullopt`
   /// without calling it when a gradient was inf/NaN.
   ///
-  /// A torchamp::optim optimizer (torchamp/optim.h) whose gradients it can
-  /// take is not unscaled here: one check pass finds overflow (and the ranks
-  /// agree, with a reducer), then its fused update unscales the gradients as
-  /// it reads them. On the CPU the gradients themselves stay scaled; on CUDA
-  /// ATen's fused kernels write them back unscaled (as Python's fused
-  /// optimizers). A skipped step changes nothing: parameters, state, step
-  /// counts.
+  /// An optimizer that implements `StepSupportsAmpScaling` (torchamp/amp_step.h;
+  /// torchamp::optim's do) and says it `supports_amp_scaling()` is not
+  /// unscaled here, as Python's `_step_supports_amp_scaling`: one read-only
+  /// check pass finds overflow (and the ranks agree, with a reducer), then
+  /// `amp_step` gets the scale (none if `unscale_` already ran) and the flag,
+  /// and divides the gradients inside its update, writing them back unscaled
+  /// (as Python's fused optimizers, on every device). A skipped step changes
+  /// nothing: parameters, state, step counts, gradients (still scaled).
   ///
   /// With `max_consecutive_skips` = N > 0, the N-th skipped step in a row
   /// throws `c10::Error` instead, naming the scale, the count and the
   /// parameters with non-finite gradients (the gradients stay unscaled, or
-  /// still scaled for a fused torchamp::optim optimizer; the stage stays
+  /// still scaled for an optimizer that unscales in its step; the stage stays
   /// unscaled).
   ///
   /// Throws `c10::Error` if `step` already ran since the last `update()`, or
@@ -200,9 +179,11 @@ class GradScaler {
 
   /// The current scale (a float32 value); 1.0 when disabled.
   double get_scale() const;
-  bool is_enabled() const { return options_.enabled(); }
-  /// The options, kept in step with the setters and `load_state_dict`.
-  const GradScalerOptions& options() const { return options_; }
+  bool is_enabled() const { return enabled_; }
+  /// The options as they stand now: the constructor's, changed by the
+  /// setters and `load_state_dict` (which, as Python, sets `init_scale` to the
+  /// loaded scale).
+  GradScalerOptions options() const;
 
   double get_growth_factor() const { return schedule_.growth_factor(); }
   double get_backoff_factor() const { return schedule_.backoff_factor(); }
@@ -215,7 +196,7 @@ class GradScaler {
   bool is_dynamic() const { return schedule_.dynamic(); }
 
   double get_min_scale() const { return schedule_.min_scale(); }
-  int64_t get_max_consecutive_skips() const { return options_.max_consecutive_skips(); }
+  int64_t get_max_consecutive_skips() const { return max_consecutive_skips_; }
   /// Skipped steps since the last clean update.
   int64_t get_consecutive_skips() const { return consecutive_skips_; }
 
@@ -226,6 +207,10 @@ class GradScaler {
   void set_backoff_interval(int64_t backoff_interval);
   void set_min_scale(double min_scale);
   void set_max_consecutive_skips(int64_t max_consecutive_skips);
+  /// Sets `init_scale` and resets the current scale to it (validated like
+  /// `init_scale`); counters and stages untouched. Paddle's
+  /// `set_init_loss_scaling`; Python's GradScaler has no such setter.
+  void set_init_scale(double init_scale);
 
   /// The parameters whose gradients held an inf/NaN at this optimizer's last
   /// `unscale_` (also the one inside `step`), in optimizer order; empty when
@@ -265,45 +250,70 @@ class GradScaler {
   /// `_consecutive_skips` (int). Empty when disabled.
   StateDict state_dict() const;
 
-  /// Loads a `state_dict()`, or Python's (without our three keys, which then
-  /// stay as they are). Every key's presence, type and value is checked
-  /// before anything changes (`c10::ValueError` naming the key); ints are
-  /// accepted where doubles are expected. An empty dict throws `c10::Error`
+  /// Loads a `state_dict()` or a dict of one of the other schemas it knows:
+  /// Python's GradScaler's (PyTorch's five keys; our six extension keys then
+  /// keep their values), Paddle's (`paddle::GradScaler::state_dict()`), and
+  /// lucid's (the reference page's framework: `scale`, `growth_factor`,
+  /// `backoff_factor`, `growth_interval`, `growth_tracker`). The keys say which
+  /// schema a dict is; one mixing two is refused. Every key's presence, type
+  /// and value is checked before anything changes (`c10::ValueError` naming
+  /// the key); ints are accepted where doubles are expected. `init_scale`
+  /// becomes the loaded scale, as in Python. An empty dict throws `c10::Error`
   /// "The source state dict is empty, possibly because it was saved from a
   /// disabled instance of GradScaler." Unknown keys are ignored. Disabled:
   /// does nothing.
   void load_state_dict(const StateDict& state);
 
  private:
-  friend class paddle::GradScaler;  // sets the current scale (set_init_loss_scaling)
-
   enum class Stage { kReady, kUnscaled, kStepped };
 
   struct OptimizerState {
     Stage stage = Stage::kReady;
     bool checked = false;    // at least one gradient was checked
     bool found_inf = false;  // agreed result (one host sync per device, at unscale)
-    bool deferred = false;   // gradients left scaled: a fused optimizer unscales in its step
+    bool deferred = false;   // gradients left scaled: the optimizer's amp_step unscales them
+  };
+
+  // Each optimizer's gradient list, kept between steps (src/grad_cache.h).
+  // Only an accelerator: a copy of the scaler starts with none.
+  class GradCaches {
+   public:
+    struct Map;
+    GradCaches();
+    ~GradCaches();
+    GradCaches(const GradCaches& /*other*/);
+    GradCaches& operator=(const GradCaches& other);
+    GradCaches(GradCaches&& other) noexcept;
+    GradCaches& operator=(GradCaches&& other) noexcept;
+    Map& map();
+
+   private:
+    std::unique_ptr<Map> map_;
   };
 
   // Validates, then unscales (or, with `unscale` false, only checks); returns
   // whether any gradient was checked. Nothing is changed if it throws.
   bool unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state, bool unscale);
-  // The same for an optimizer whose gradients are all dense, contiguous CPU
-  // tensors of a supported dtype and match its cache (nothing can throw).
-  bool unscale_cached_(torch::optim::Optimizer& optimizer, detail::GradCache& cache,
-                       OptimizerState& state, bool unscale);
+  // Records the agreed flag and the non-finite gradients of one check.
+  void record_(const torch::optim::Optimizer& optimizer, OptimizerState& state,
+               std::optional<bool> agreed, std::vector<NonFiniteGradient> report);
+  NonFiniteGradient named_(size_t group, size_t index, const at::Tensor& param) const;
   std::string describe_non_finite(const torch::optim::Optimizer& optimizer) const;
 
-  GradScalerOptions options_;
+  // The state: the schedule (scale, factors, intervals, trackers, dynamic,
+  // min_scale) and the rest; options() is derived from these.
   ScaleSchedule schedule_;
-  FoundInfReducer found_inf_reducer_;
+  double init_scale_;
+  bool enabled_;
+  int64_t max_consecutive_skips_;
   int64_t consecutive_skips_ = 0;
+
+  FoundInfReducer found_inf_reducer_;
   std::unordered_map<const void*, std::string> parameter_names_;  // by TensorImpl
   std::unordered_map<const torch::optim::Optimizer*, std::vector<NonFiniteGradient>>
       last_non_finite_;
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
-  detail::GradCaches grad_caches_;
+  GradCaches grad_caches_;
 };
 
 /// `torch::save(scaler, path)`: writes `state_dict()`'s entries into the
@@ -313,7 +323,7 @@ torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& arc
                                             const GradScaler& scaler);
 
 /// `torch::load(scaler, path)`: reads the entries back and calls
-/// `load_state_dict` (either schema, so a Paddle facade's file loads too), with
+/// `load_state_dict` (any schema, so a Paddle facade's file loads too), with
 /// its errors.
 torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
                                            GradScaler& scaler);

@@ -40,25 +40,26 @@
 /// rounds after each of its ATen operations; the fused loops keep the
 /// intermediate values in registers).
 ///
-/// With `GradScaler::step(opt)`, the scaler finds overflow with a check pass
-/// (read-only on the CPU; on CUDA ATen's unscale kernel with an inverse
-/// scale of 1, as Python's scaler does for fused optimizers) and hands the
-/// optimizer the inverse scale. On the CPU the update multiplies each
-/// gradient by it in registers and never writes it, so after a fused scaled
-/// step the gradients are still scaled (as they were before `step`). On CUDA,
-/// ATen's kernels divide each gradient by the scale and write it back, so
-/// there the gradients are unscaled afterwards, as with Python's fused
-/// optimizers. A skipped step changes nothing on either. Call
-/// `scaler.unscale_(opt)` first to work on real gradients (clipping); the step
-/// then does not unscale them again.
+/// With `GradScaler::step(opt)` the optimizers take the loss scale
+/// themselves (`StepSupportsAmpScaling`, torchamp/amp_step.h, Python's
+/// `_step_supports_amp_scaling`): the scaler finds overflow with a check pass
+/// (read-only on the CPU; on CUDA ATen's unscale kernel with an inverse scale
+/// of 1, as Python's scaler does for fused optimizers) and hands over the
+/// scale and the flag. The update divides each gradient by the scale as it
+/// reads it and writes it back divided, in the same pass: after a scaled step
+/// the gradients are unscaled on every device, as with Python's fused
+/// optimizers. A skipped step changes nothing (the gradients stay scaled).
+/// Call `scaler.unscale_(opt)` first to work on real gradients (clipping); the
+/// step then does not unscale them again.
 ///
 /// ATen's own fused ops are not used on the CPU: they take a float step
-/// tensor per parameter (the base class keeps an int64 count), divide the
-/// gradient and write it back (an extra write pass), read gradients by raw
-/// pointer whatever their strides, and fused SGD on bfloat16 is broken in
+/// tensor per parameter (the base class keeps an int64 count), read gradients
+/// by raw pointer whatever their strides, and fused SGD on bfloat16 is broken in
 /// LibTorch 2.13 (pytorch/pytorch#191763). On CUDA the base class's int64
 /// step counts stay the state (so checkpoints are unchanged); each step
 /// hands ATen a float32 copy of them on the device.
+
+#include <torchamp/amp_step.h>
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -67,47 +68,46 @@
 namespace torchamp {
 namespace optim {
 
-/// What `GradScaler::step` looks for (by dynamic_cast) in an optimizer that
-/// unscales inside its own update.
-class FusedStep {
- public:
-  virtual ~FusedStep() = default;
-  /// Whether the fused update can take this step's gradients (all dense,
-  /// contiguous tensors of the parameters' own supported dtype and device,
-  /// as the parameters and state; CPU, or CUDA with LibTorch 2.4+). When
-  /// false the scaler unscales as for any optimizer and calls `step()`.
-  virtual bool can_fuse() const = 0;
-  /// One step with every gradient multiplied by `inv_scale` inside the update
-  /// (CPU gradients are not written; CUDA ones are written back unscaled
-  /// unless `inv_scale` is 1). Requires `can_fuse()`.
-  virtual void fused_step(float inv_scale) = 0;
-};
-
 /// `torch::optim::SGD` with a fused step.
-class SGD : public torch::optim::SGD, public FusedStep {
+class SGD : public torch::optim::SGD, public StepSupportsAmpScaling {
  public:
   using torch::optim::SGD::SGD;
+  /// The fused step when `supports_amp_scaling()`, else the base class's.
   at::Tensor step(LossClosure closure = nullptr) override;
-  bool can_fuse() const override;
-  void fused_step(float inv_scale) override;
+  /// Whether the fused update can take this step's gradients: all dense,
+  /// contiguous tensors of the parameters' own supported dtype and device, as
+  /// the parameters and state (CPU, or CUDA with LibTorch 2.4+).
+  bool supports_amp_scaling() const override;
+  /// One fused step (see torchamp/amp_step.h); requires `supports_amp_scaling()`.
+  void amp_step(const AmpStepArgs& args) override;
 };
 
 /// `torch::optim::Adam` with a fused step.
-class Adam : public torch::optim::Adam, public FusedStep {
+class Adam : public torch::optim::Adam, public StepSupportsAmpScaling {
  public:
   using torch::optim::Adam::Adam;
+  /// The fused step when `supports_amp_scaling()`, else the base class's.
   at::Tensor step(LossClosure closure = nullptr) override;
-  bool can_fuse() const override;
-  void fused_step(float inv_scale) override;
+  /// Whether the fused update can take this step's gradients: all dense,
+  /// contiguous tensors of the parameters' own supported dtype and device, as
+  /// the parameters and state (CPU, or CUDA with LibTorch 2.4+).
+  bool supports_amp_scaling() const override;
+  /// One fused step (see torchamp/amp_step.h); requires `supports_amp_scaling()`.
+  void amp_step(const AmpStepArgs& args) override;
 };
 
 /// `torch::optim::AdamW` with a fused step.
-class AdamW : public torch::optim::AdamW, public FusedStep {
+class AdamW : public torch::optim::AdamW, public StepSupportsAmpScaling {
  public:
   using torch::optim::AdamW::AdamW;
+  /// The fused step when `supports_amp_scaling()`, else the base class's.
   at::Tensor step(LossClosure closure = nullptr) override;
-  bool can_fuse() const override;
-  void fused_step(float inv_scale) override;
+  /// Whether the fused update can take this step's gradients: all dense,
+  /// contiguous tensors of the parameters' own supported dtype and device, as
+  /// the parameters and state (CPU, or CUDA with LibTorch 2.4+).
+  bool supports_amp_scaling() const override;
+  /// One fused step (see torchamp/amp_step.h); requires `supports_amp_scaling()`.
+  void amp_step(const AmpStepArgs& args) override;
 };
 
 }  // namespace optim

@@ -31,10 +31,13 @@ namespace paddle {
 /// for the last optimizer unscaled).
 class GradScaler {
  public:
-  /// Paddle's names and defaults. Throws `c10::ValueError` naming the
+  /// Paddle's names and the specification's defaults (Paddle 2.x's
+  /// `paddle.amp.GradScaler`: 32768, 1000 steps, 2 overflows; Paddle 2.6 and
+  /// later default to 65536, 2000 and 1). Throws `c10::ValueError` naming the
   /// argument for: init_loss_scaling not finite > 0 (as float32); incr_ratio
   /// not > 1; decr_ratio not in (0, 1); incr_every_n_steps or
-  /// decr_every_n_nan_or_inf < 1.
+  /// decr_every_n_nan_or_inf < 1 (also when disabled, where Paddle checks
+  /// nothing).
   explicit GradScaler(bool enable = true, double init_loss_scaling = 32768.0,
                       double incr_ratio = 2.0, double decr_ratio = 0.5,
                       int64_t incr_every_n_steps = 1000, int64_t decr_every_n_nan_or_inf = 2,
@@ -60,10 +63,12 @@ class GradScaler {
                                      const at::Tensor& scaled_loss);
 
   bool is_enable() const { return core_.is_enabled(); }
-  bool is_use_dynamic_loss_scaling() const { return core_.is_dynamic(); }
+  /// false when disabled, as Paddle.
+  bool is_use_dynamic_loss_scaling() const { return is_enable() && core_.is_dynamic(); }
 
-  /// The configured initial scale (not the current one).
-  double get_init_loss_scaling() const { return init_loss_scaling_; }
+  /// The configured initial scale (not the current one); when disabled 1.0
+  /// (as Paddle: `_init_loss_scaling = 1.0`) until `set_init_loss_scaling`.
+  double get_init_loss_scaling() const { return core_.options().init_scale(); }
   /// Sets the initial scale and resets the current scale to it.
   void set_init_loss_scaling(double new_init_loss_scaling);
   double get_incr_ratio() const { return core_.get_growth_factor(); }
@@ -75,7 +80,13 @@ class GradScaler {
   int64_t get_decr_every_n_nan_or_inf() const { return core_.get_backoff_interval(); }
   void set_decr_every_n_nan_or_inf(int64_t new_decr_every_n_nan_or_inf);
 
-  /// The current scale (1.0 when disabled); Paddle keeps it in `_scale`.
+  /// The ratio and interval getters above return the configured values also
+  /// when disabled (Paddle raises AttributeError there: a disabled scaler
+  /// never sets them).
+  ///
+  /// The current scale; when disabled 1.0, as PyTorch's `get_scale()` (the
+  /// specification's Paddle has no `get_scale`; Paddle's develop branch,
+  /// 2026, returns 0.0 when disabled). Paddle keeps it in `_scale`.
   double get_scale() const { return core_.get_scale(); }
   /// Consecutive clean / overflowing updates counted so far.
   int64_t get_incr_count() const { return core_.get_growth_tracker(); }
@@ -87,8 +98,8 @@ class GradScaler {
   /// Empty when disabled.
   StateDict state_dict() const;
 
-  /// Loads Paddle's schema, or the core's (PyTorch's, whose missing keys
-  /// keep their values). Checks everything before changing anything:
+  /// Loads Paddle's schema, or any other the core reads (PyTorch's, whose
+  /// missing keys keep their values; lucid's). Checks everything before changing anything:
   /// `c10::ValueError` naming a missing, mistyped or out-of-range key;
   /// `c10::Error` "The input state dict is empty, ..." for `{}`. Sets the
   /// initial scale to the loaded scale, as Paddle. Disabled: does nothing.
@@ -103,8 +114,7 @@ class GradScaler {
   const torchamp::GradScaler& core() const { return core_; }
 
  private:
-  torchamp::GradScaler core_;
-  double init_loss_scaling_;
+  torchamp::GradScaler core_;  // the whole state: the facade holds nothing else
 };
 
 /// `torch::save(scaler, path)` / `torch::load(scaler, path)`, as the core's.

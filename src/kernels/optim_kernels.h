@@ -3,11 +3,11 @@
 // Internal interface of the fused optimizer kernels (not installed).
 //
 // One pass over each parameter's data per step, many parameters per call,
-// split across ATen's intra-op threads: the gradient is read once (multiplied
-// by `inv_scale` in registers, never written), the parameter and the state
-// are read and written once. float32 and float64 compute in their own type;
-// bfloat16 in float32, each stored tensor rounded once (round to nearest
-// even, as c10::BFloat16).
+// split across ATen's intra-op threads: the gradient is read once (with a
+// `grad_scale`, divided by it and written back divided, as ATen's fused ops
+// do), the parameter and the state are read and written once. float32 and float64 compute in their
+// own type; bfloat16 in float32, each stored tensor rounded once (round to nearest even, as
+// c10::BFloat16).
 
 #include <c10/core/ScalarType.h>
 
@@ -22,7 +22,7 @@ namespace kernels {
 /// double; the kernel rounds them to the compute type as ATen's ops do.
 struct AdamJob {
   void* param;
-  const void* grad;
+  void* grad;  // written back only when unscaled
   void* exp_avg;
   void* exp_avg_sq;
   void* max_exp_avg_sq;  // null unless amsgrad
@@ -43,7 +43,7 @@ struct AdamJob {
 /// direction) rather than read.
 struct SgdJob {
   void* param;
-  const void* grad;
+  void* grad;  // written back only when unscaled
   void* momentum_buffer;
   int64_t numel;
   at::ScalarType dtype;
@@ -58,8 +58,10 @@ struct SgdJob {
 /// True for the dtypes the fused kernels take: float32, float64, bfloat16.
 bool optim_supports(at::ScalarType dtype);
 
-void adam_step_cpu(const std::vector<AdamJob>& jobs, float inv_scale);
-void sgd_step_cpu(const std::vector<SgdJob>& jobs, float inv_scale);
+/// One step of every job. `grad_scale` (ATen's `grad_scale`): null, or the
+/// loss scale the gradients carry, divided out and written back.
+void adam_step_cpu(const std::vector<AdamJob>& jobs, const float* grad_scale);
+void sgd_step_cpu(const std::vector<SgdJob>& jobs, const float* grad_scale);
 
 }  // namespace kernels
 }  // namespace torchamp

@@ -1,7 +1,7 @@
 // libFuzzer target for both scalers' load_state_dict.
 //
-// Default mode: the fuzzer's bytes are decoded into a StateDict (keys of both
-// schemas and random ones; floats including NaN, inf, subnormals and huge
+// Default mode: the fuzzer's bytes are decoded into a StateDict (keys of every
+// schema and random ones; floats including NaN, inf, subnormals and huge
 // values; ints; bools; strings; tensors of random shape and dtype; None;
 // lists) and loaded into a core and a Paddle scaler. Only typed c10::Errors
 // (ValueError and NotImplementedError are c10::Errors) may come out; a crash,
@@ -16,6 +16,8 @@
 #include <torchamp/grad_scaler.h>
 #include <torchamp/paddle.h>
 
+#include "state_keys.h"
+
 #include <ATen/ops/zeros.h>
 #include <fuzzer/FuzzedDataProvider.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -29,13 +31,6 @@
 #include <vector>
 
 namespace {
-
-const char* const kKeys[] = {
-    "scale",           "growth_factor",           "backoff_factor",          "growth_interval",
-    "_growth_tracker", "backoff_interval",        "_backoff_tracker",        "dynamic",
-    "min_scale",       "max_consecutive_skips",   "_consecutive_skips",      "incr_ratio",
-    "decr_ratio",      "incr_every_n_steps",      "decr_every_n_nan_or_inf", "incr_count",
-    "decr_count",      "use_dynamic_loss_scaling"};
 
 double any_double(FuzzedDataProvider& in) {
   const double special[] = {std::numeric_limits<double>::quiet_NaN(),
@@ -90,8 +85,10 @@ torchamp::StateDict decode(FuzzedDataProvider& in) {
   torchamp::StateDict d(c10::StringType::get(), c10::AnyType::get());
   const int n = in.ConsumeIntegralInRange<int>(0, 20);
   for (int i = 0; i < n; ++i) {
+    // Every key of every schema, from the library's one table.
+    static const std::vector<const char*> keys = torchamp::detail::all_state_keys();
     const std::string key = in.ConsumeIntegralInRange<int>(0, 9) > 0
-                                ? in.PickValueInArray(kKeys)
+                                ? keys[in.ConsumeIntegralInRange<size_t>(0, keys.size() - 1)]
                                 : in.ConsumeRandomLengthString(24);
     d.insert_or_assign(key, any_value(in));
   }

@@ -75,6 +75,31 @@ class CheckpointInterop(unittest.TestCase):
         self.assertEqual(int(cpp["backoff_interval"]), 1)
         self.assertEqual(cpp["dynamic"], "1")
 
+    def test_every_key_survives_python_load_and_save_of_the_dict(self):
+        # The dict itself through Python: torch.load, then torch.save of what
+        # it returned, read back by C++. Every key of both schemas is at a
+        # non-default value, so a dropped or retyped key shows.
+        for write, read, types in (
+                ("write-all-state", "read-state",
+                 {"scale": float, "growth_factor": float, "backoff_factor": float,
+                  "growth_interval": int, "_growth_tracker": int, "backoff_interval": int,
+                  "_backoff_tracker": int, "dynamic": bool, "min_scale": float,
+                  "max_consecutive_skips": int, "_consecutive_skips": int}),
+                ("write-paddle-state", "read-paddle-state",
+                 {"scale": torch.Tensor, "incr_ratio": float, "decr_ratio": float,
+                  "incr_every_n_steps": int, "decr_every_n_nan_or_inf": int,
+                  "incr_count": int, "decr_count": int, "use_dynamic_loss_scaling": bool})):
+            with self.subTest(schema=write):
+                path = os.path.join(WORK, write + ".pt")
+                cpp = run_tool(write, path)
+                state = load_from_cpp(path)
+                self.assertEqual(sorted(state), sorted(types))
+                for key, cls in types.items():
+                    self.assertIsInstance(state[key], cls, key)
+                back = os.path.join(WORK, write + "-from-python.pt")
+                torch.save(dict(state), back)
+                self.assertEqual(run_tool(read, back), cpp)
+
     def test_readme_round_trip_through_examples_checkpoint(self):
         # The README's two snippets: Python saves, examples/checkpoint.cpp
         # loads and writes back, Python loads.

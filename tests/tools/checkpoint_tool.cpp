@@ -4,11 +4,17 @@
 //                                         every field -> torch::pickle_save(state_dict)
 //   checkpoint_tool read-state PATH       torch::pickle_load -> load_state_dict ->
 //                                         prints the scaler's values, one per line
+//   checkpoint_tool write-all-state PATH  every core key at a non-default value
+//                                         -> torch::pickle_save(state_dict)
+//   checkpoint_tool write-paddle-state PATH / read-paddle-state PATH
+//                                         the same with the Paddle facade (every
+//                                         Paddle key non-default)
 //   checkpoint_tool train OUT [--stop-at K --save DIR] [--resume DIR]
 //                                         a 10-step training run with overflows at fixed
 //                                         steps; writes the final parameters, scale and
 //                                         trackers to OUT as raw bytes
 #include <torchamp/grad_scaler.h>
+#include <torchamp/paddle.h>
 
 #include <torch/torch.h>
 
@@ -46,7 +52,68 @@ void print(const torchamp::GradScaler& s) {
             << "growth_tracker " << s.get_growth_tracker() << "\n"
             << "backoff_interval " << s.get_backoff_interval() << "\n"
             << "backoff_tracker " << s.get_backoff_tracker() << "\n"
-            << "dynamic " << s.is_dynamic() << "\n";
+            << "dynamic " << s.is_dynamic() << "\n"
+            << "min_scale " << s.get_min_scale() << "\n"
+            << "max_consecutive_skips " << s.get_max_consecutive_skips() << "\n"
+            << "consecutive_skips " << s.get_consecutive_skips() << "\n"
+            << "init_scale " << s.options().init_scale() << "\n";
+}
+
+void print(const torchamp::paddle::GradScaler& s) {
+  std::cout.precision(17);
+  std::cout << "scale " << s.get_scale() << "\n"
+            << "init_loss_scaling " << s.get_init_loss_scaling() << "\n"
+            << "incr_ratio " << s.get_incr_ratio() << "\n"
+            << "decr_ratio " << s.get_decr_ratio() << "\n"
+            << "incr_every_n_steps " << s.get_incr_every_n_steps() << "\n"
+            << "decr_every_n_nan_or_inf " << s.get_decr_every_n_nan_or_inf() << "\n"
+            << "incr_count " << s.get_incr_count() << "\n"
+            << "decr_count " << s.get_decr_count() << "\n"
+            << "use_dynamic_loss_scaling " << s.is_use_dynamic_loss_scaling() << "\n";
+}
+
+torchamp::StateDict empty_dict() {
+  return torchamp::StateDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+// Every key of the core schema, none at its default.
+int write_all_state(const std::string& path) {
+  auto d = empty_dict();
+  d.insert("scale", 384.0);
+  d.insert("growth_factor", 3.0);
+  d.insert("backoff_factor", 0.25);
+  d.insert("growth_interval", int64_t{7});
+  d.insert("_growth_tracker", int64_t{3});
+  d.insert("backoff_interval", int64_t{4});
+  d.insert("_backoff_tracker", int64_t{2});
+  d.insert("dynamic", false);
+  d.insert("min_scale", 1.5);
+  d.insert("max_consecutive_skips", int64_t{9});
+  d.insert("_consecutive_skips", int64_t{5});
+  torchamp::GradScaler s;
+  s.load_state_dict(d);
+  write_file(path, torch::pickle_save(s.state_dict()));
+  print(s);
+  return 0;
+}
+
+// Every key of Paddle's schema, none at its default.
+int write_paddle_state(const std::string& path) {
+  torchamp::paddle::GradScaler s(true, 384.0, 3.0, 0.25, 7, 4, false);
+  auto d = s.state_dict();
+  d.insert_or_assign("incr_count", int64_t{3});
+  d.insert_or_assign("decr_count", int64_t{2});
+  s.load_state_dict(d);
+  write_file(path, torch::pickle_save(s.state_dict()));
+  print(s);
+  return 0;
+}
+
+int read_paddle_state(const std::string& path) {
+  torchamp::paddle::GradScaler s;
+  s.load_state_dict(torch::pickle_load(read_file(path)).toGenericDict());
+  print(s);
+  return 0;
 }
 
 int write_state(const std::string& path) {
@@ -143,6 +210,15 @@ int main(int argc, char** argv) {
     }
     if (cmd == "read-state" && argc == 3) {
       return read_state(argv[2]);
+    }
+    if (cmd == "write-all-state" && argc == 3) {
+      return write_all_state(argv[2]);
+    }
+    if (cmd == "write-paddle-state" && argc == 3) {
+      return write_paddle_state(argv[2]);
+    }
+    if (cmd == "read-paddle-state" && argc == 3) {
+      return read_paddle_state(argv[2]);
     }
     if (cmd == "train" && argc >= 3) {
       int stop_at = -1;

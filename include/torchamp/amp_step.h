@@ -1,0 +1,57 @@
+#pragma once
+
+/// \file
+/// The hook through which `GradScaler::step` hands an optimizer the loss scale
+/// instead of unscaling its gradients first: Python's
+/// `optimizer._step_supports_amp_scaling = True`, after which the scaler calls
+/// `optimizer.step(grad_scale=..., found_inf=...)`. torchamp's fused
+/// optimizers (torchamp/optim.h) implement it; so can a user's own.
+///
+/// ```
+/// class MyOptimizer : public torch::optim::Optimizer, public torchamp::StepSupportsAmpScaling {
+///   bool supports_amp_scaling() const override { return true; }
+///   void amp_step(const torchamp::AmpStepArgs& args) override;  // see AmpStepArgs
+///   ...
+/// };
+/// ```
+///
+/// The scaler finds this interface with a `dynamic_cast` of the optimizer; it
+/// names no optimizer class.
+
+#include <optional>
+
+namespace torchamp {
+
+/// What `GradScaler::step` passes: the two values ATen's fused optimizer ops
+/// (`_fused_adam_`, `_fused_sgd_`, ...) take as `grad_scale` and `found_inf`.
+struct AmpStepArgs {
+  /// The scale the gradients still carry. The update divides each gradient by
+  /// it and writes it back divided (so after the step the gradients are real,
+  /// as with Python's fused optimizers). `std::nullopt`: the gradients were
+  /// already unscaled (`GradScaler::unscale_` ran); use them as they are.
+  std::optional<float> grad_scale;
+  /// Whether a gradient (on any rank, with a process group) held an inf/NaN.
+  /// When true the update must change nothing: parameters, state, step counts
+  /// and gradients.
+  bool found_inf = false;
+};
+
+/// An optimizer whose step can take gradients still multiplied by the loss
+/// scale (Python's `_step_supports_amp_scaling`).
+class StepSupportsAmpScaling {
+ public:
+  virtual ~StepSupportsAmpScaling() = default;
+
+  /// Whether `amp_step` can take this step's gradients (asked by
+  /// `GradScaler::step` before it checks them). When false the scaler treats
+  /// the optimizer as any other: it unscales the gradients itself and calls
+  /// `step()`, or skips it.
+  virtual bool supports_amp_scaling() const = 0;
+
+  /// One step. Called by `GradScaler::step` (once per iteration, only after
+  /// `supports_amp_scaling()` returned true), with the scale unless `unscale_`
+  /// already ran, and with the agreed overflow flag.
+  virtual void amp_step(const AmpStepArgs& args) = 0;
+};
+
+}  // namespace torchamp

@@ -1,0 +1,67 @@
+#pragma once
+
+// The GradScaler's general unscale path (not installed): every gradient
+// validated with typed errors, then grouped by device, CPU gradients through
+// torchamp's fused kernels, CUDA ones through ATen's
+// _amp_foreach_non_finite_check_and_unscale_, anything else (and CUDA
+// bfloat16) tensor by tensor with plain ATen ops. The cached CPU path is
+// grad_cache.h.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch {
+namespace optim {
+class Optimizer;
+}  // namespace optim
+}  // namespace torch
+
+namespace torchamp {
+namespace detail {
+
+/// "param_groups[G].params[I]", as errors name a parameter.
+std::string param_name(size_t group, size_t index);
+
+/// A parameter with a gradient, and where it sits in the optimizer.
+struct GradRef {
+  at::Tensor param;
+  size_t group;
+  size_t index;
+};
+
+/// Every gradient of the optimizer, validated: throws (and changes nothing) on
+/// the first one the scaler cannot unscale (c10::ValueError for float16,
+/// c10::NotImplementedError for other dtypes and layouts).
+std::vector<GradRef> checked_grads(torch::optim::Optimizer& optimizer);
+
+/// Gradients grouped the way the kernels take them; *_ref map each tensor
+/// back to its position in the GradRef list.
+struct Buckets {
+  std::vector<at::Tensor> cpu;
+  std::vector<size_t> cpu_ref;
+  // CUDA buckets keyed by (device index, dtype); any other device as is.
+  std::map<std::pair<c10::DeviceIndex, at::ScalarType>, std::vector<at::Tensor>> cuda;
+  std::vector<at::Tensor> other;                          // other devices, and bfloat16 on CUDA
+  std::vector<std::pair<at::Tensor, size_t>> device_ref;  // every non-CPU tensor
+};
+
+/// Groups the gradients; sparse ones are coalesced (in the parameter) and
+/// their values taken.
+Buckets bucket_grads(const std::vector<GradRef>& grads);
+
+/// Multiplies every gradient by `inv_scale` (none: a check only, nothing
+/// written) and returns, per GradRef, whether it held an inf/NaN.
+std::vector<uint8_t> unscale_buckets(Buckets& b, size_t n, std::optional<float> inv_scale);
+
+bool any_of(const std::vector<uint8_t>& flags);
+
+}  // namespace detail
+}  // namespace torchamp
