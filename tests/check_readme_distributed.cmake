@@ -1,9 +1,9 @@
-# Runs the README's "two ranks on one machine" command, as written, from the
+# Runs docs/distributed.md's "two ranks on one machine" command, as written, from the
 # repository root, and checks both ranks skipped step 10 together and finished.
 file(READ "${README}" readme)
 string(FIND "${readme}" "<!-- distributed-local -->" start)
 if(start EQUAL -1)
-  message(FATAL_ERROR "README.md has no <!-- distributed-local --> block")
+  message(FATAL_ERROR "${README} has no <!-- distributed-local --> block")
 endif()
 string(SUBSTRING "${readme}" ${start} -1 rest)
 string(REGEX MATCH "```sh\n([^`]*)```" block "${rest}")
@@ -12,7 +12,7 @@ execute_process(COMMAND bash -c "${command}" WORKING_DIRECTORY "${ROOT}"
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 100)
 message(STATUS "${out}${err}")
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "the README's command failed (${rc})")
+  message(FATAL_ERROR "the command of ${README} failed (${rc})")
 endif()
 foreach(r 0 1)
   if(NOT out MATCHES "rank ${r}: step 10 skipped on every rank" OR NOT out MATCHES "rank ${r}: done")
