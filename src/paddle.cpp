@@ -91,14 +91,12 @@ void GradScaler::load_state_dict(const StateDict& state) {
 
 torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
                                             const GradScaler& scaler) {
-  detail::write_state(archive, scaler.state_dict());
-  return archive;
+  return detail::save_scaler(archive, scaler);
 }
 
 torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
                                            GradScaler& scaler) {
-  scaler.load_state_dict(detail::read_state(archive));
-  return archive;
+  return detail::load_scaler(archive, scaler);
 }
 
 }  // namespace paddle

@@ -33,14 +33,12 @@ StateDict read_state(torch::serialize::InputArchive& archive) {
 
 torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
                                             const GradScaler& scaler) {
-  detail::write_state(archive, scaler.state_dict());
-  return archive;
+  return detail::save_scaler(archive, scaler);
 }
 
 torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
                                            GradScaler& scaler) {
-  scaler.load_state_dict(detail::read_state(archive));
-  return archive;
+  return detail::load_scaler(archive, scaler);
 }
 
 }  // namespace torchamp

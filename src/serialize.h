@@ -15,5 +15,19 @@ void write_state(torch::serialize::OutputArchive& archive, const StateDict& stat
 /// Reads back every key of the key table the archive holds.
 StateDict read_state(torch::serialize::InputArchive& archive);
 
+/// operator<< and operator>> of any scaler with state_dict/load_state_dict.
+template <class Scaler>
+torch::serialize::OutputArchive& save_scaler(torch::serialize::OutputArchive& archive,
+                                             const Scaler& scaler) {
+  write_state(archive, scaler.state_dict());
+  return archive;
+}
+template <class Scaler>
+torch::serialize::InputArchive& load_scaler(torch::serialize::InputArchive& archive,
+                                            Scaler& scaler) {
+  scaler.load_state_dict(read_state(archive));
+  return archive;
+}
+
 }  // namespace detail
 }  // namespace torchamp

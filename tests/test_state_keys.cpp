@@ -6,6 +6,7 @@
 #include <torchamp/grad_scaler.h>
 #include <torchamp/paddle.h>
 
+#include "state_dicts.h"
 #include "test_util.h"
 
 #include <torch/torch.h>
@@ -20,39 +21,11 @@ using torchamp::GradScalerOptions;
 using torchamp::StateDict;
 using torchamp_test::expect_throws;
 
+using torchamp_test::core_dict;
+using torchamp_test::paddle_dict;
+
 StateDict dict() {
-  return StateDict(c10::StringType::get(), c10::AnyType::get());
-}
-
-// Every core key, none at its default (nor at the Paddle facade's).
-StateDict core_dict() {
-  StateDict d = dict();
-  d.insert("scale", 384.0);
-  d.insert("growth_factor", 3.0);
-  d.insert("backoff_factor", 0.25);
-  d.insert("growth_interval", int64_t{7});
-  d.insert("_growth_tracker", int64_t{3});
-  d.insert("backoff_interval", int64_t{4});
-  d.insert("_backoff_tracker", int64_t{2});
-  d.insert("dynamic", false);
-  d.insert("min_scale", 1.5);
-  d.insert("max_consecutive_skips", int64_t{9});
-  d.insert("_consecutive_skips", int64_t{5});
-  return d;
-}
-
-// Every Paddle key, none at its default (nor at the core's).
-StateDict paddle_dict() {
-  StateDict d = dict();
-  d.insert("scale", torch::full({1}, 384.0f));
-  d.insert("incr_ratio", 3.0);
-  d.insert("decr_ratio", 0.25);
-  d.insert("incr_every_n_steps", int64_t{7});
-  d.insert("decr_every_n_nan_or_inf", int64_t{4});
-  d.insert("incr_count", int64_t{3});
-  d.insert("decr_count", int64_t{2});
-  d.insert("use_dynamic_loss_scaling", false);
-  return d;
+  return torchamp_test::empty_dict();
 }
 
 // The values every path must bring back (the core dict's).

@@ -16,6 +16,8 @@
 #include <torchamp/grad_scaler.h>
 #include <torchamp/paddle.h>
 
+#include "../state_dicts.h"
+
 #include <torch/torch.h>
 
 #include <cstring>
@@ -72,24 +74,9 @@ void print(const torchamp::paddle::GradScaler& s) {
             << "use_dynamic_loss_scaling " << s.is_use_dynamic_loss_scaling() << "\n";
 }
 
-torchamp::StateDict empty_dict() {
-  return torchamp::StateDict(c10::StringType::get(), c10::AnyType::get());
-}
-
 // Every key of the core schema, none at its default.
 int write_all_state(const std::string& path) {
-  auto d = empty_dict();
-  d.insert("scale", 384.0);
-  d.insert("growth_factor", 3.0);
-  d.insert("backoff_factor", 0.25);
-  d.insert("growth_interval", int64_t{7});
-  d.insert("_growth_tracker", int64_t{3});
-  d.insert("backoff_interval", int64_t{4});
-  d.insert("_backoff_tracker", int64_t{2});
-  d.insert("dynamic", false);
-  d.insert("min_scale", 1.5);
-  d.insert("max_consecutive_skips", int64_t{9});
-  d.insert("_consecutive_skips", int64_t{5});
+  const auto d = torchamp_test::core_dict();
   torchamp::GradScaler s;
   s.load_state_dict(d);
   write_file(path, torch::pickle_save(s.state_dict()));
@@ -99,11 +86,8 @@ int write_all_state(const std::string& path) {
 
 // Every key of Paddle's schema, none at its default.
 int write_paddle_state(const std::string& path) {
-  torchamp::paddle::GradScaler s(true, 384.0, 3.0, 0.25, 7, 4, false);
-  auto d = s.state_dict();
-  d.insert_or_assign("incr_count", int64_t{3});
-  d.insert_or_assign("decr_count", int64_t{2});
-  s.load_state_dict(d);
+  torchamp::paddle::GradScaler s;
+  s.load_state_dict(torchamp_test::paddle_dict());
   write_file(path, torch::pickle_save(s.state_dict()));
   print(s);
   return 0;
