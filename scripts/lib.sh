@@ -81,6 +81,43 @@ torchamp_wheel_venv() {
   echo "$venv"
 }
 
+# CMake arguments for a venv's LibTorch, one per line: none for a CPU build.
+# Where pip has no CPU build of torch for this Python (PyPI's Linux x86-64
+# wheels are CUDA builds: Debian 13's Python 3.13 gets one), the wheel's CMake
+# config needs a CUDA toolkit (nvcc, cudart) to configure, even for CPU-only
+# use. pip then also brings NVIDIA's toolkit of the version the wheel pins
+# (cuda-toolkit[nvcc,cudart]) into the same venv, plus the two links CMake and
+# nvcc look for (unversioned lib*.so names, lib64), and these arguments point
+# CMake at it. Nothing outside the venv is touched.
+torchamp_wheel_cuda_args() {
+  local venv="$1" info major version site root f
+  info=$("$venv/bin/python" - <<'PY'
+import importlib.metadata as md, os, re, torch
+if torch.version.cuda:
+    req = [r for r in (md.requires("torch") or []) if r.startswith("cuda-toolkit")]
+    m = re.search(r"==\s*([0-9][0-9.]*)", req[0]) if req else None
+    print(torch.version.cuda.split(".")[0], m.group(1) if m else torch.version.cuda,
+          os.path.dirname(os.path.dirname(torch.__file__)))
+PY
+  ) || return 1
+  [ -n "$info" ] || return 0
+  read -r major version site <<<"$info"
+  root="$site/nvidia/cu$major"
+  if [ ! -x "$root/bin/nvcc" ]; then
+    echo "== pip: this Python's torch is a CUDA $version build (no CPU wheel for it);" \
+      "its CMake config needs a CUDA toolkit: cuda-toolkit[nvcc,cudart]==$version" >&2
+    "$venv/bin/pip" install -q "cuda-toolkit[nvcc,cudart]==$version" >&2
+  fi
+  [ -x "$root/bin/nvcc" ] && [ -d "$root/lib" ] ||
+    { echo "error: no CUDA toolkit at $root after pip installed it" >&2; return 1; }
+  for f in "$root"/lib/lib*.so.*; do
+    [ -e "${f%%.so.*}.so" ] || ln -s "$(basename "$f")" "${f%%.so.*}.so"
+  done
+  [ -e "$root/lib64" ] || ln -s lib "$root/lib64"
+  printf '%s\n' "-DCUDA_TOOLKIT_ROOT_DIR=$root" "-DCUDAToolkit_ROOT=$root" \
+    "-DCMAKE_CUDA_COMPILER=$root/bin/nvcc"
+}
+
 # The LibTorch inside a venv's torch wheel, as a CMake prefix: the torch/
 # folder itself (CMake finds share/cmake/Torch under it, and looks for the
 # libraries in its lib/ first). Not torch.utils.cmake_prefix_path
