@@ -7,9 +7,10 @@
 //               read-only check pass, then the fused step dividing each
 //               gradient as it reads it and writing it back unscaled) and
 //               scaler.update();
-//   unscaling_fused_adamw  the fused AdamW step alone with a grad_scale
-//               (amp_step, as scaler.step calls it): against fused_adamw, the
-//               cost of writing the unscaled gradients back (one more stream);
+//   amp_adamw, unscaling_amp_adamw  the fused AdamW update alone, called as
+//               scaler.step calls it (amp_step), without and with a
+//               grad_scale: the second divides the gradients and writes them
+//               back (one more stream); their ratio is the write-back's cost;
 //   ceiling     the bytes an ideal fused AdamW moves (read parameter,
 //               gradient and both moments, write parameter and both moments)
 //               as a plain streaming loop with the same threads.
@@ -115,10 +116,11 @@ void bm_scaled(benchmark::State& state, const Case& c, Options options) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * adamw_bytes(c)));
 }
 
-// The fused step with a grad_scale (2 and 0.5 alternating, so the gradients
-// written back stay where they are), without the scaler's check pass.
+// The fused update as scaler.step calls it, without the scaler's check pass:
+// with a grad_scale (2 and 0.5 alternating, so the gradients written back stay
+// where they are) or without one.
 template <class Opt, class Options>
-void bm_amp_step(benchmark::State& state, const Case& c, Options options) {
+void bm_amp_step(benchmark::State& state, const Case& c, Options options, bool unscale) {
   auto ps = make_params(c);
   Opt opt(ps, options);
   opt.step();  // the first step creates the state: not timed
@@ -126,7 +128,9 @@ void bm_amp_step(benchmark::State& state, const Case& c, Options options) {
   int64_t i = 0;
   for (auto _ : state) {
     torchamp::AmpStepArgs args;
-    args.grad_scale = (i++ & 1) ? 0.5f : 2.0f;
+    if (unscale) {
+      args.grad_scale = (i++ & 1) ? 0.5f : 2.0f;
+    }
     opt.amp_step(args);
     sync();
   }
@@ -206,8 +210,12 @@ int main(int argc, char** argv) {
         [c, adamw](benchmark::State& st) { bm_step<torch::optim::AdamW>(st, c, adamw); });
     reg("fused_adamw" + s,
         [c, adamw](benchmark::State& st) { bm_step<torchamp::optim::AdamW>(st, c, adamw); });
-    reg("unscaling_fused_adamw" + s,
-        [c, adamw](benchmark::State& st) { bm_amp_step<torchamp::optim::AdamW>(st, c, adamw); });
+    reg("amp_adamw" + s, [c, adamw](benchmark::State& st) {
+      bm_amp_step<torchamp::optim::AdamW>(st, c, adamw, false);
+    });
+    reg("unscaling_amp_adamw" + s, [c, adamw](benchmark::State& st) {
+      bm_amp_step<torchamp::optim::AdamW>(st, c, adamw, true);
+    });
     reg("scaled_base_adamw" + s,
         [c, adamw](benchmark::State& st) { bm_scaled<torch::optim::AdamW>(st, c, adamw); });
     reg("scaled_fused_adamw" + s,
@@ -244,7 +252,7 @@ int main(int argc, char** argv) {
         ms("fused_adamw" + s), ms("base_adamw" + s) / ms("fused_adamw" + s), gbps,
         ceiling > 0 ? gbps / ceiling : 0.0, ms("base_sgd" + s), ms("fused_sgd" + s),
         ms("base_sgd" + s) / ms("fused_sgd" + s),
-        (ms("unscaling_fused_adamw" + s) / ms("fused_adamw" + s) - 1) * 100);
+        (ms("unscaling_amp_adamw" + s) / ms("amp_adamw" + s) - 1) * 100);
   }
   benchmark::Shutdown();
   return 0;
