@@ -68,17 +68,20 @@
 namespace torchamp {
 namespace optim {
 
+// Each class below: `step()` is the fused step when `supports_amp_scaling()`,
+// else the base class's; `supports_amp_scaling()` says whether the fused
+// update can take this step's gradients (all dense, contiguous tensors of the
+// parameters' own supported dtype and device, as the parameters and state:
+// CPU, or CUDA with LibTorch 2.4+); `amp_step(args)` is one fused step with
+// the scaler's scale and flag (torchamp/amp_step.h), and requires
+// `supports_amp_scaling()`.
+
 /// `torch::optim::SGD` with a fused step.
 class SGD : public torch::optim::SGD, public StepSupportsAmpScaling {
  public:
   using torch::optim::SGD::SGD;
-  /// The fused step when `supports_amp_scaling()`, else the base class's.
   at::Tensor step(LossClosure closure = nullptr) override;
-  /// Whether the fused update can take this step's gradients: all dense,
-  /// contiguous tensors of the parameters' own supported dtype and device, as
-  /// the parameters and state (CPU, or CUDA with LibTorch 2.4+).
   bool supports_amp_scaling() const override;
-  /// One fused step (see torchamp/amp_step.h); requires `supports_amp_scaling()`.
   void amp_step(const AmpStepArgs& args) override;
 };
 
@@ -86,13 +89,8 @@ class SGD : public torch::optim::SGD, public StepSupportsAmpScaling {
 class Adam : public torch::optim::Adam, public StepSupportsAmpScaling {
  public:
   using torch::optim::Adam::Adam;
-  /// The fused step when `supports_amp_scaling()`, else the base class's.
   at::Tensor step(LossClosure closure = nullptr) override;
-  /// Whether the fused update can take this step's gradients: all dense,
-  /// contiguous tensors of the parameters' own supported dtype and device, as
-  /// the parameters and state (CPU, or CUDA with LibTorch 2.4+).
   bool supports_amp_scaling() const override;
-  /// One fused step (see torchamp/amp_step.h); requires `supports_amp_scaling()`.
   void amp_step(const AmpStepArgs& args) override;
 };
 
@@ -100,13 +98,8 @@ class Adam : public torch::optim::Adam, public StepSupportsAmpScaling {
 class AdamW : public torch::optim::AdamW, public StepSupportsAmpScaling {
  public:
   using torch::optim::AdamW::AdamW;
-  /// The fused step when `supports_amp_scaling()`, else the base class's.
   at::Tensor step(LossClosure closure = nullptr) override;
-  /// Whether the fused update can take this step's gradients: all dense,
-  /// contiguous tensors of the parameters' own supported dtype and device, as
-  /// the parameters and state (CPU, or CUDA with LibTorch 2.4+).
   bool supports_amp_scaling() const override;
-  /// One fused step (see torchamp/amp_step.h); requires `supports_amp_scaling()`.
   void amp_step(const AmpStepArgs& args) override;
 };
 
