@@ -1,7 +1,9 @@
-// torchamp-train: mixed-precision training of an MLP on the UCI handwritten
-// digits, once per precision mode, to show what loss scaling does: float16
-// activation gradients underflow without it, the scaled run tracks float32,
-// and the scale saw-tooths.
+// torchamp-train: mixed-precision training on the UCI handwritten digits,
+// once per precision mode, to show what loss scaling does: in the default
+// task (a deep sigmoid classifier) float16 flushes the small activation
+// gradients of the first layers to zero and the run stays at chance without
+// a scaler, while the scaled run tracks float32 and the scale saw-tooths.
+// Runs checkpoint (--checkpoint-every) and resume exactly (--resume).
 //
 // Exit codes: 0 done, 2 bad option or malformed data, 1 anything else.
 
@@ -15,12 +17,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #ifndef TORCHAMP_TRAIN_DEFAULT_DATA
@@ -41,18 +45,22 @@ std::string default_out_dir() {
   return s.str();
 }
 
-// A live bar on a terminal, a plain line per epoch otherwise.
+// A live bar on a terminal, a plain line per epoch otherwise; the rate and
+// time left count from where this process started the mode (a resumed mode
+// starts mid-way).
 class ProgressPrinter {
  public:
   ProgressPrinter(bool tty, int epochs) : tty_(tty), epochs_(epochs) {}
 
   void operator()(const std::string& mode, const StepRecord& r, int64_t total) {
     const auto now = std::chrono::steady_clock::now();
-    if (r.step == 0) {
+    if (mode != mode_) {
+      mode_ = mode;
       start_ = now;
+      first_ = r.step;
     }
     const double elapsed = std::chrono::duration<double>(now - start_).count();
-    const double rate = elapsed > 0 ? static_cast<double>(r.step + 1) / elapsed : 0.0;
+    const double rate = elapsed > 0 ? static_cast<double>(r.step + 1 - first_) / elapsed : 0.0;
     const double eta = rate > 0 ? static_cast<double>(total - r.step - 1) / rate : 0.0;
     const bool last = r.step + 1 == total;
     const int64_t per_epoch = std::max<int64_t>(1, total / epochs_);
@@ -82,6 +90,8 @@ class ProgressPrinter {
  private:
   bool tty_;
   int epochs_;
+  std::string mode_;
+  int64_t first_ = 0;
   std::chrono::steady_clock::time_point start_;
 };
 
@@ -103,92 +113,301 @@ std::string percent(double f) {
   return buf;
 }
 
-void print_table(std::ostream& os, const std::vector<ModeResult>& results) {
+const char* const kSummaryHeader =
+    "mode,scaled,final_loss,test_accuracy,skipped,final_scale,underflow,subnormal,seconds,step_ms,"
+    "train_step_ms";
+
+std::string g17(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> fields;
+  std::stringstream s(line);
+  for (std::string f; std::getline(s, f, ',');) {
+    fields.push_back(f);
+  }
+  if (!line.empty() && line.back() == ',') {
+    fields.emplace_back();
+  }
+  return fields;
+}
+
+// The files of a run folder: config.txt (the settings), metrics.csv (a row
+// per step, appended as the run goes), summary.csv (a row per finished mode),
+// checkpoint.pt, initial.pt (the initial weights and the split, for Python).
+class RunFolder {
+ public:
+  explicit RunFolder(fs::path dir) : dir_(std::move(dir)) {}
+
+  fs::path path(const char* name) const { return dir_ / name; }
+  std::string checkpoint() const { return path("checkpoint.pt").string(); }
+
+  // A fresh run: the settings and the two CSV headers; an older run's
+  // checkpoint in the same folder is removed.
+  void start(const Config& config) {
+    fs::create_directories(dir_);
+    std::ofstream c(path("config.txt"));
+    for (const auto& [k, v] : config.to_map()) {
+      c << k << "=" << v << "\n";
+    }
+    if (!c) {
+      throw std::runtime_error("cannot write " + path("config.txt").string());
+    }
+    fs::remove(checkpoint());
+    std::ofstream m(path("metrics.csv"));
+    m << "step,mode,loss,scale,skipped,underflow_fraction,subnormal_fraction,epoch,test_accuracy";
+    for (const auto& name : activation_names(find_task(config.task))) {
+      m << ",underflow_" << name;
+    }
+    m << "\n";
+    std::ofstream(path("summary.csv")) << kSummaryHeader << "\n";
+    open();
+  }
+
+  // Continuing at `p`: whatever the killed process wrote after its last
+  // checkpoint goes.
+  void resume(const Position& p) {
+    if (p.metrics_bytes > 0) {
+      fs::resize_file(path("metrics.csv"), static_cast<uintmax_t>(p.metrics_bytes));
+      fs::resize_file(path("summary.csv"), static_cast<uintmax_t>(p.summary_bytes));
+    }
+    open();
+  }
+
+  std::map<std::string, std::string> read_config() const {
+    std::ifstream f(path("config.txt"));
+    if (!f) {
+      throw std::runtime_error("--resume: no config.txt in " + dir_.string() +
+                               " (not a torchamp-train run folder)");
+    }
+    std::map<std::string, std::string> kv;
+    for (std::string line; std::getline(f, line);) {
+      const auto eq = line.find('=');
+      if (eq != std::string::npos) {
+        kv[line.substr(0, eq)] = line.substr(eq + 1);
+      }
+    }
+    return kv;
+  }
+
+  void step(const std::string& mode, const StepRecord& r) {
+    metrics_ << r.step << "," << mode << "," << r.loss << "," << r.scale << "," << r.skipped << ","
+             << r.underflow << "," << r.subnormal << "," << r.epoch << ",";
+    if (!std::isnan(r.test_accuracy)) {
+      metrics_ << r.test_accuracy;
+    }
+    for (const double u : r.layer_underflow) {
+      metrics_ << "," << u;
+    }
+    metrics_ << "\n";
+  }
+
+  void finished(const ModeSummary& m) {
+    summary_ << m.mode << "," << (m.scaled ? 1 : 0) << "," << g17(m.final_loss) << ","
+             << g17(m.test_accuracy) << "," << m.skipped << "," << g17(m.final_scale) << ","
+             << g17(m.underflow) << "," << g17(m.subnormal) << "," << g17(m.seconds) << ","
+             << g17(m.step_ms) << "," << g17(m.train_step_ms) << "\n";
+  }
+
+  // Flushes both logs and records their sizes (a checkpoint's bookmark).
+  void bookmark(Position& p) {
+    metrics_.flush();
+    summary_.flush();
+    if (!metrics_ || !summary_) {
+      throw std::runtime_error("cannot write the logs in " + dir_.string());
+    }
+    p.metrics_bytes = static_cast<int64_t>(fs::file_size(path("metrics.csv")));
+    p.summary_bytes = static_cast<int64_t>(fs::file_size(path("summary.csv")));
+  }
+
+  std::vector<ModeSummary> summaries() {
+    summary_.flush();
+    std::ifstream f(path("summary.csv"));
+    std::vector<ModeSummary> all;
+    std::string line;
+    std::getline(f, line);  // header
+    while (std::getline(f, line)) {
+      const auto v = split_csv(line);
+      if (v.size() != 11) {
+        throw std::runtime_error("malformed summary.csv line: " + line);
+      }
+      ModeSummary m;
+      m.mode = v[0];
+      m.scaled = v[1] == "1";
+      m.final_loss = std::stod(v[2]);
+      m.test_accuracy = std::stod(v[3]);
+      m.skipped = std::stoll(v[4]);
+      m.final_scale = std::stod(v[5]);
+      m.underflow = std::stod(v[6]);
+      m.subnormal = std::stod(v[7]);
+      m.seconds = std::stod(v[8]);
+      m.step_ms = std::stod(v[9]);
+      m.train_step_ms = std::stod(v[10]);
+      all.push_back(m);
+    }
+    return all;
+  }
+
+  // metrics.csv's rows, for the plots.
+  std::vector<std::vector<std::string>> metrics() {
+    metrics_.flush();
+    std::ifstream f(path("metrics.csv"));
+    std::vector<std::vector<std::string>> rows;
+    std::string line;
+    std::getline(f, line);
+    while (std::getline(f, line)) {
+      rows.push_back(split_csv(line));
+    }
+    return rows;
+  }
+
+ private:
+  void open() {
+    metrics_.open(path("metrics.csv"), std::ios::app);
+    metrics_ << std::setprecision(9);
+    summary_.open(path("summary.csv"), std::ios::app);
+    if (!metrics_ || !summary_) {
+      throw std::runtime_error("cannot open the logs in " + dir_.string());
+    }
+  }
+
+  fs::path dir_;
+  std::ofstream metrics_, summary_;
+};
+
+void print_table(std::ostream& os, const std::vector<ModeSummary>& results) {
   os << "\n| mode | final train loss | test accuracy | skipped steps | final scale "
-        "| fp16-flushed act. grads | fp16-subnormal act. grads | optimizer step | wall time |\n"
-        "|---|---|---|---|---|---|---|---|---|\n";
+        "| fp16-flushed act. grads | fp16-subnormal act. grads | optimizer step | training step "
+        "| wall time |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results) {
     char row[512];
     std::snprintf(row, sizeof row,
-                  "| %s | %.4f | %.2f%% | %lld | %g | %s | %s | %.3f ms | %.1f s |\n",
+                  "| %s | %.4f | %.2f%% | %lld | %g | %s | %s | %.3f ms | %.3f ms | %.1f s |\n",
                   r.mode.c_str(), r.final_loss, 100.0 * r.test_accuracy,
                   static_cast<long long>(r.skipped), r.final_scale, percent(r.underflow).c_str(),
-                  percent(r.subnormal).c_str(), r.step_ms, r.seconds);
+                  percent(r.subnormal).c_str(), r.step_ms, r.train_step_ms, r.seconds);
     os << row;
   }
 }
 
-void write_csv(const fs::path& path, const std::vector<ModeResult>& results) {
-  std::ofstream csv(path);
-  csv << "step,mode,loss,scale,skipped,underflow_fraction,subnormal_fraction\n";
-  csv << std::setprecision(9);
-  for (const auto& r : results) {
-    for (const auto& s : r.steps) {
-      csv << s.step << "," << r.mode << "," << s.loss << "," << s.scale << "," << s.skipped << ","
-          << s.underflow << "," << s.subnormal << "\n";
-    }
-  }
-  if (!csv) {
-    throw std::runtime_error("cannot write " + path.string());
-  }
-}
-
-// One gnuplot data block per mode (gnuplot's 'index').
-bool plot(const fs::path& out, const std::vector<ModeResult>& results) {
+// Plots from metrics.csv's rows: gnuplot data blocks per mode ('index').
+bool plot(const fs::path& out, const Config& config,
+          const std::vector<std::vector<std::string>>& rows,
+          const std::vector<ModeSummary>& results) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
     return false;
   }
-  const fs::path data = out / "plot-data.txt";
+  const Task& task = find_task(config.task);
+  const std::vector<std::string> layers = activation_names(task);
+  const fs::path steps_data = out / "plot-steps.txt", epochs_data = out / "plot-epochs.txt";
   {
-    std::ofstream d(data);
-    d << std::setprecision(9);
+    std::ofstream steps(steps_data), epochs(epochs_data);
     for (const auto& r : results) {
-      d << "# " << r.mode << "\n";
-      for (const auto& s : r.steps) {
-        d << s.step << " " << s.loss << " " << s.scale << " " << s.underflow << "\n";
+      steps << "# " << r.mode << "\n";
+      epochs << "# " << r.mode << "\n";
+      std::string skipped_before = "0";
+      for (const auto& v : rows) {
+        if (v.size() < 9 + layers.size() || v[1] != r.mode) {
+          continue;
+        }
+        // step loss scale underflow skipped-here layers...
+        steps << v[0] << " " << v[2] << " " << v[3] << " " << v[5] << " "
+              << (v[4] != skipped_before ? "1" : "0");
+        for (size_t l = 0; l < layers.size(); ++l) {
+          steps << " " << v[9 + l];
+        }
+        steps << "\n";
+        skipped_before = v[4];
+        if (!v[8].empty()) {
+          epochs << std::stoi(v[7]) + 1 << " " << v[8] << "\n";
+        }
       }
-      d << "\n\n";
+      steps << "\n\n";
+      epochs << "\n\n";
     }
   }
+  const std::string d = "'" + steps_data.string() + "'", e = "'" + epochs_data.string() + "'";
   std::ostringstream script;
   script << "set terminal pngcairo size 1000,560 font 'sans,11'\n"
          << "set grid\nset key top right\nset xlabel 'step'\n"
          << "set output '" << (out / "loss.png").string() << "'\n"
-         << "set title 'Training loss per step (digits, MLP 64-128-128-128-10)'\n"
+         << "set title 'Training loss per step (" << task.name << ": " << task.summary.substr(0, 40)
+         << "...)' noenhanced\n"
          << "set ylabel 'cross-entropy (batch)'\nset logscale y\nplot ";
   for (size_t i = 0; i < results.size(); ++i) {
-    script << (i ? ", " : "") << "'" << data.string() << "' index " << i
-           << " using 1:2 with lines lw 1.5 title '" << results[i].mode << "'";
+    script << (i ? ", " : "") << d << " index " << i << " using 1:2 with lines lw 1.5 title '"
+           << results[i].mode << "' noenhanced";
   }
   script << "\nset output '" << (out / "scale.png").string() << "'\n"
-         << "set title 'Loss scale per step (the sawtooth)'\n"
+         << "set title 'Loss scale per step (the sawtooth); crosses: skipped steps'\n"
          << "set ylabel 'scale'\nset logscale y 2\nset format y '2^{%L}'\nplot ";
   bool any = false;
   for (size_t i = 0; i < results.size(); ++i) {
     if (results[i].scaled) {
-      script << (any ? ", " : "") << "'" << data.string() << "' index " << i
-             << " using 1:3 with steps lw 1.5 title '" << results[i].mode << "'";
+      script << (any ? ", " : "") << d << " index " << i << " using 1:3 with steps lw 1.5 lc "
+             << i + 1 << " title '" << results[i].mode << "' noenhanced, " << d << " index " << i
+             << " using 1:($5 > 0 ? $3 : NaN) with points pt 2 ps 1.5 lc " << i + 1 << " notitle";
       any = true;
     }
   }
   if (!any) {
     script << "0 notitle";
   }
-  script
-      << "\nset output '" << (out / "underflow.png").string() << "'\n"
-      << "set title 'Activation-gradient entries that are zero in float16 (fp32/bf16: would be)'\n"
-      << "set ylabel 'share of all entries'\nunset logscale y\nset format y '%.0f%%'\n"
-      << "plot ";
+  script << "\nset output '" << (out / "accuracy.png").string() << "'\n"
+         << "set title 'Test accuracy after each epoch'\nset xlabel 'epoch'\n"
+         << "set ylabel 'test accuracy'\nunset logscale y\nset format y '%.0f%%'\n"
+         << "set key bottom right\nplot ";
   for (size_t i = 0; i < results.size(); ++i) {
-    script << (i ? ", " : "") << "'" << data.string() << "' index " << i
-           << " using 1:($4*100) with lines lw 1.5 title '" << results[i].mode << "'";
+    script << (i ? ", " : "") << e << " index " << i
+           << " using 1:($2*100) with lines lw 1.5 title '" << results[i].mode << "' noenhanced";
+  }
+  script << "\nset output '" << (out / "underflow.png").string() << "'\n"
+         << "set title 'Activation-gradient entries that are zero in float16 (fp32/bf16: would "
+            "be)'\nset xlabel 'step'\nset key top right\n"
+         << "set ylabel 'share of all entries'\nplot ";
+  for (size_t i = 0; i < results.size(); ++i) {
+    script << (i ? ", " : "") << d << " index " << i
+           << " using 1:($4*100) with lines lw 1.5 title '" << results[i].mode << "' noenhanced";
+  }
+  // Per layer, for the float16 modes.
+  script << "\nset output '" << (out / "underflow-layers.png").string() << "'\n"
+         << "set title 'Per activation: entries of its gradient zero in float16 (solid: fp16, "
+            "dashed: fp16+scaler)'\nset key outside right\nplot ";
+  any = false;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const bool scaled = results[i].mode == "fp16+scaler";
+    if (results[i].mode != "fp16" && !scaled) {
+      continue;
+    }
+    for (size_t l = 0; l < layers.size(); ++l) {
+      script << (any ? ", " : "") << d << " index " << i << " using 1:($" << 6 + l
+             << "*100) with lines lw 1.2 lc " << l + 1 << (scaled ? " dt 2" : "") << " title '"
+             << layers[l] << (scaled ? " (scaled)" : "") << "' noenhanced";
+      any = true;
+    }
+  }
+  if (!any) {
+    script << "0 notitle";
   }
   script << "\n";
   const fs::path gp = out / "plots.gp";
   std::ofstream(gp) << script.str();
   const int rc = std::system(("gnuplot '" + gp.string() + "'").c_str());
-  fs::remove(data);
+  fs::remove(steps_data);
+  fs::remove(epochs_data);
   return rc == 0;
+}
+
+std::string task_help() {
+  std::string s = "Workload:";
+  for (const auto& t : tasks()) {
+    s += "\n  " + t.name + (&t == &tasks().front() ? " (default)" : "") + ": " + t.summary;
+  }
+  return s;
 }
 
 }  // namespace
@@ -198,32 +417,50 @@ int main(int argc, char** argv) {
       "torchamp-train: mixed-precision training on the UCI handwritten digits, once per "
       "precision mode, comparing float32, float16 without and with loss scaling, and bfloat16."};
   Config config;
-  std::string data_path = default_data_path();
-  std::string out_dir;
-  std::vector<std::string> modes = available_modes();
+  config.data = default_data_path();
+  config.modes = available_modes();
+  std::string out_dir, resume_dir;
   int64_t seed = 0;
-  app.add_option("--epochs", config.epochs, "Epochs per mode")
-      ->check(CLI::Range(1, 100000))
+  int64_t checkpoint_every = 0;
+  std::vector<std::string> task_names;
+  for (const auto& t : tasks()) {
+    task_names.push_back(t.name);
+  }
+  config.task = task_names.front();
+  app.add_option("--task", config.task, task_help())
+      ->check(CLI::IsMember(task_names))
       ->capture_default_str();
-  app.add_option("--batch-size", config.batch_size, "Mini-batch size")
-      ->check(CLI::Range(1, 1000000))
-      ->capture_default_str();
-  app.add_option("--lr", config.lr, "Learning rate (default 0.05 for SGD, 0.003 for AdamW)")
+  app.add_option("--epochs", config.epochs, "Epochs per mode (default: the task's)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--batch-size", config.batch_size, "Mini-batch size (default: the task's)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--lr", config.lr,
+                 "Learning rate (default: the task's with its optimizer; else 0.05 for SGD, 0.003 "
+                 "for Adam and AdamW)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--optimizer", config.optimizer, "sgd (momentum 0.9) or adamw (weight decay 1e-4)")
-      ->check(CLI::IsMember({"sgd", "adamw"}))
-      ->capture_default_str();
+  app.add_option("--optimizer", config.optimizer,
+                 "sgd (momentum 0.9), adam or adamw (weight decay 1e-4) (default: the task's)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   app.add_flag("--fused", config.fused,
                "torchamp::optim's fused optimizer (the scaler unscales inside its update) "
                "instead of LibTorch's");
-  app.add_option("--modes", modes, "Modes to run, comma-separated")
+  app.add_option("--modes", config.modes, "Modes to run, comma-separated")
       ->delimiter(',')
       ->check(CLI::IsMember(known_modes()))
       ->capture_default_str();
   app.add_option("--seed", seed, "Seed of the split, initial weights and batch order")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--out", out_dir, "Output folder (default runs/<date-time>/)");
+  auto* out_opt = app.add_option("--out", out_dir, "Output folder (default runs/<date-time>/)");
+  app.add_option("--resume", resume_dir,
+                 "Continue the run in this folder from its last checkpoint (instead of --out; "
+                 "options given must match the run's)")
+      ->excludes(out_opt);
+  app.add_option("--checkpoint-every", checkpoint_every,
+                 "Write a checkpoint (model, optimizer, scaler) every N steps into the run folder "
+                 "(0: none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
   app.add_option("--init-scale", config.init_scale, "GradScaler initial scale")
       ->check(CLI::PositiveNumber)
       ->check(CLI::Range(1e-38, 3.4e38))
@@ -232,7 +469,7 @@ int main(int argc, char** argv) {
                  "GradScaler growth interval (clean steps before the scale doubles)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
-  app.add_option("--data", data_path, "CSV (optionally .gz): 64 pixel columns 0..16, then label")
+  app.add_option("--data", config.data, "CSV (optionally .gz): 64 pixel columns 0..16, then label")
       ->capture_default_str();
   try {
     app.parse(argc, argv);
@@ -241,46 +478,101 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   config.seed = static_cast<uint64_t>(seed);
-  if (app.count("--lr") == 0 && config.optimizer == "adamw") {
-    config.lr = 0.003;
+  // The task's settings where the command line gives none.
+  const Task& task = find_task(config.task);
+  if (config.epochs == 0) {
+    config.epochs = task.epochs;
   }
-  const std::vector<std::string> here = available_modes();
-  for (const auto& m : modes) {
-    if (std::find(here.begin(), here.end(), m) == here.end()) {
-      std::cerr << "--modes: " << m << " needs a CUDA build of LibTorch and a GPU\n";
-      return 2;
-    }
+  if (config.batch_size == 0) {
+    config.batch_size = task.batch_size;
+  }
+  if (config.optimizer.empty()) {
+    config.optimizer = task.optimizer;
+  }
+  if (app.count("--lr") == 0) {
+    config.lr = config.optimizer == task.optimizer ? task.lr
+                : config.optimizer == "sgd"        ? 0.05
+                                                   : 0.003;
   }
 
   try {
-    const Dataset all = load_digits(data_path);
+    const bool resuming = !resume_dir.empty();
+    RunFolder folder(resuming          ? fs::path(resume_dir)
+                     : out_dir.empty() ? fs::path(default_out_dir())
+                                       : fs::path(out_dir));
+    Position position;
+    if (resuming) {
+      // The run's own settings; an option given here must agree with them.
+      const auto saved = folder.read_config();
+      for (const auto& [key, value] : config.to_map()) {
+        const auto it = saved.find(key);
+        if (app.count("--" + key) > 0 && (it == saved.end() || it->second != value)) {
+          std::cerr << "--resume: --" << key << " is " << value << " here but "
+                    << (it == saved.end() ? std::string("absent") : it->second) << " in "
+                    << resume_dir << "/config.txt\n";
+          return 2;
+        }
+      }
+      config = Config::from_map(saved);
+      if (fs::exists(folder.checkpoint())) {
+        position = read_position(folder.checkpoint());
+      }
+    }
+    const std::vector<std::string> here = available_modes();
+    for (const auto& m : config.modes) {
+      if (std::find(here.begin(), here.end(), m) == here.end()) {
+        std::cerr << "--modes: " << m << " needs a CUDA build of LibTorch and a GPU\n";
+        return 2;
+      }
+    }
+    const Dataset all = load_digits(config.data);
     const auto [train, test] = split(all, 0.2, config.seed);
-    const fs::path out = out_dir.empty() ? fs::path(default_out_dir()) : fs::path(out_dir);
-    fs::create_directories(out);
-    std::cout << "torchamp-train: " << train.x.size(0) << " training and " << test.x.size(0)
-              << " test images from " << data_path << "; " << config.epochs << " epochs, batch "
+    if (resuming && position.metrics_bytes > 0) {
+      folder.resume(position);
+    } else {
+      folder.start(config);
+      save_initial(folder.path("initial.pt").string(), config, train, test);
+    }
+    std::cout << "torchamp-train: task " << config.task << " (" << find_task(config.task).summary
+              << "); " << train.x.size(0) << " training and " << test.x.size(0)
+              << " test images from " << config.data << "; " << config.epochs << " epochs, batch "
               << config.batch_size << ", " << (config.fused ? "torchamp's fused " : "LibTorch's ")
-              << config.optimizer << ", lr " << config.lr << ", seed " << config.seed
-              << "; output in " << out.string() << "\n";
+              << config.optimizer << ", lr " << config.lr << ", seed " << config.seed << "; "
+              << (resuming ? "resuming" : "output") << " in " << folder.path("").string() << "\n";
+    if (resuming) {
+      std::cout << "resuming at mode " << position.mode_index + 1 << "/" << config.modes.size()
+                << ", step " << position.step << "\n";
+    }
     std::cout << "LibTorch " << TORCH_VERSION << ": the fp16 modes "
               << (cpu_fp16_autocast() ? "run under CPU float16 autocast (matmuls in float16)"
                                       : "store activations in float16 between layers (no CPU "
                                         "float16 autocast before LibTorch 2.2)")
-              << "\n";
+              << std::endl;  // before anything can kill the process
 
     ProgressPrinter printer(isatty(STDOUT_FILENO) != 0, config.epochs);
-    std::vector<ModeResult> results;
-    for (const auto& mode : modes) {
-      results.push_back(train_mode(
-          mode, train, test, config,
-          [&](const std::string& m, const StepRecord& r, int64_t total) { printer(m, r, total); }));
+    Hooks hooks;
+    hooks.step = [&](const std::string& mode, const StepRecord& r, int64_t total) {
+      folder.step(mode, r);
+      printer(mode, r, total);
+    };
+    hooks.bookmark = [&](Position& p) { folder.bookmark(p); };
+    hooks.checkpoint_every = checkpoint_every;
+    hooks.checkpoint_path = folder.checkpoint();
+    const std::string resume_from = resuming && position.step > 0 ? folder.checkpoint() : "";
+    for (auto i = position.mode_index; i < static_cast<int64_t>(config.modes.size()); ++i) {
+      folder.finished(
+          train_mode(i, train, test, config, hooks, i == position.mode_index ? resume_from : ""));
+      // Always (it is small): a resumed run never repeats a finished mode.
+      Position next{i + 1, 0, 0, 0};
+      folder.bookmark(next);
+      save_position(folder.checkpoint(), next);
     }
+    const std::vector<ModeSummary> results = folder.summaries();
     print_table(std::cout, results);
-    write_csv(out / "metrics.csv", results);
-    std::cout << "\nwrote " << (out / "metrics.csv").string() << "\n";
-    if (plot(out, results)) {
-      std::cout << "wrote " << (out / "loss.png").string() << ", " << (out / "scale.png").string()
-                << " and " << (out / "underflow.png").string() << "\n";
+    std::cout << "\nwrote " << folder.path("metrics.csv").string() << " and summary.csv\n";
+    if (plot(folder.path(""), config, folder.metrics(), results)) {
+      std::cout << "wrote loss.png, scale.png, accuracy.png, underflow.png and "
+                   "underflow-layers.png there\n";
     } else {
       std::cout << "gnuplot not found (Debian: apt-get install gnuplot-nox): no plots, the CSV "
                    "has everything\n";

@@ -7,13 +7,20 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
 #include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
 
 namespace torchamp_train {
 namespace {
-
-constexpr int64_t kHidden = 128;
-constexpr int kHiddenLayers = 3;
 
 // How many of a gradient's entries are zero in float16 (underflowed: "flushed"),
 // and how many are subnormal there (below 2^-14, float16's smallest normal),
@@ -27,44 +34,67 @@ struct Underflow {
     flushed += h.eq(0).sum().item<int64_t>();
     subnormal += h.ne(0).logical_and(h.abs().lt(6.103515625e-05)).sum().item<int64_t>();
   }
+  void add(const Underflow& other) {
+    total += other.total;
+    flushed += other.flushed;
+    subnormal += other.subnormal;
+  }
   double fraction(int64_t n) const {
     return total == 0 ? 0.0 : static_cast<double>(n) / static_cast<double>(total);
   }
 };
 
-// An MLP 64 -> 128 -> 128 -> 128 -> 10 with tanh. In the fp16 modes on a
-// LibTorch without CPU float16 autocast (< 2.2) every activation is stored in
-// float16 between layers, so the activation gradients flowing back through it
-// are float16, as in fp16 training; from 2.2 on the fp16 modes run under real
-// float16 autocast instead (matmuls in float16).
+// An MLP 64 -> width x hidden_layers -> 10. In the fp16 modes on a LibTorch
+// without CPU float16 autocast (< 2.2) every Linear's weight, bias and output
+// and every activation are rounded to float16, so their gradients are
+// float16 on the way back, as under float16 autocast (the arithmetic itself
+// is float32); from 2.2 on the fp16 modes run under real float16 autocast.
 struct Net : torch::nn::Module {
-  Net() {
+  explicit Net(const Task& task) : sigmoid(task.activation == "sigmoid") {
     int64_t in = 64;
-    for (int i = 0; i < kHiddenLayers; ++i) {
-      layers.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(in, kHidden)));
-      in = kHidden;
+    for (int i = 0; i < task.hidden_layers; ++i) {
+      layers.push_back(
+          register_module("fc" + std::to_string(i), torch::nn::Linear(in, task.width)));
+      in = task.width;
     }
     out = register_module("out", torch::nn::Linear(in, 10));
   }
 
   // `half_storage`: round-trip activations through float16. `stats`: when
-  // given, every activation's gradient is measured on its way back.
-  at::Tensor forward(at::Tensor x, bool half_storage, Underflow* stats) {
+  // given, one per activation, each measures its activation's gradient on
+  // the way back.
+  at::Tensor forward(at::Tensor x, bool half_storage, std::vector<Underflow>* stats) {
+    size_t index = 0;
     auto store = [&](at::Tensor a) {
       if (half_storage) {
         a = a.to(at::kHalf).to(at::kFloat);
       }
       if (stats != nullptr && a.requires_grad()) {
-        a.register_hook([stats](const at::Tensor& g) { stats->add(g); });
+        Underflow* s = &(*stats)[index];
+        a.register_hook([s](const at::Tensor& g) { s->add(g); });
       }
+      ++index;
       return a;
     };
     for (auto& layer : layers) {
-      x = store(torch::tanh(layer->forward(x)));
+      x = linear(layer, x, half_storage);
+      x = store(sigmoid ? torch::sigmoid(x) : torch::tanh(x));
     }
-    return store(out->forward(x));
+    return store(linear(out, x, half_storage));
   }
 
+  // With `half`, what float16 autocast does to a Linear's numbers: its
+  // weight, bias and output rounded to float16, and so (on the way back)
+  // their gradients: a weight gradient too small for float16 is zero.
+  static at::Tensor linear(torch::nn::Linear& layer, const at::Tensor& x, bool half) {
+    if (!half) {
+      return layer->forward(x);
+    }
+    auto round = [](const at::Tensor& t) { return t.to(at::kHalf).to(at::kFloat); };
+    return round(torch::nn::functional::linear(x, round(layer->weight), round(layer->bias)));
+  }
+
+  bool sigmoid;
   std::vector<torch::nn::Linear> layers;
   torch::nn::Linear out{nullptr};
 };
@@ -84,6 +114,13 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> 
     }
     return std::make_unique<torch::optim::AdamW>(std::move(params), options);
   }
+  if (config.optimizer == "adam") {
+    const auto options = torch::optim::AdamOptions(config.lr);
+    if (config.fused) {
+      return std::make_unique<torchamp::optim::Adam>(std::move(params), options);
+    }
+    return std::make_unique<torch::optim::Adam>(std::move(params), options);
+  }
   TORCH_CHECK_VALUE(config.optimizer == "sgd", "unknown optimizer '", config.optimizer, "'");
   const auto options = torch::optim::SGDOptions(config.lr).momentum(0.9);
   if (config.fused) {
@@ -92,7 +129,143 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> 
   return std::make_unique<torch::optim::SGD>(std::move(params), options);
 }
 
+std::string format_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// A checkpoint's scalars.
+void write_int(torch::serialize::OutputArchive& a, const std::string& key, int64_t v) {
+  a.write(key, c10::IValue(v));
+}
+void write_double(torch::serialize::OutputArchive& a, const std::string& key, double v) {
+  a.write(key, c10::IValue(v));
+}
+int64_t read_int(torch::serialize::InputArchive& a, const std::string& key) {
+  c10::IValue v;
+  a.read(key, v);
+  return v.toInt();
+}
+double read_double(torch::serialize::InputArchive& a, const std::string& key) {
+  c10::IValue v;
+  a.read(key, v);
+  return v.toDouble();
+}
+
+void write_position(torch::serialize::OutputArchive& a, const Position& p) {
+  write_int(a, "position/mode_index", p.mode_index);
+  write_int(a, "position/step", p.step);
+  write_int(a, "position/metrics_bytes", p.metrics_bytes);
+  write_int(a, "position/summary_bytes", p.summary_bytes);
+}
+
+// Saves `archive` to `path` through a temporary name: a process killed while
+// writing leaves the last complete checkpoint in place. The test hook
+// TORCHAMP_TRAIN_KILL_IN_CHECKPOINT=K kills this process with SIGKILL right
+// after writing the temporary file of its K-th checkpoint.
+void save_atomically(torch::serialize::OutputArchive& archive, const std::string& path) {
+  static int saved = 0;
+  const std::string tmp = path + ".tmp";
+  archive.save_to(tmp);
+  ++saved;
+  if (const char* k = std::getenv("TORCHAMP_TRAIN_KILL_IN_CHECKPOINT")) {
+    if (std::atoi(k) == saved) {
+      std::raise(SIGKILL);
+    }
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+// The learning rate of step `step` of `total` on a cosine from `lr` down to 0
+// (PyTorch's CosineAnnealingLR with eta_min 0, in closed form; the Python
+// comparison computes the same double).
+double cosine_lr(double lr, int64_t step, int64_t total) {
+  const double pi = 3.14159265358979323846;
+  return lr * 0.5 * (1.0 + std::cos(pi * static_cast<double>(step) / static_cast<double>(total)));
+}
+
+void set_lr(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) {
+    auto& options = group.options();
+    if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+      adam->lr(lr);
+    } else if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+      adamw->lr(lr);
+    } else if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+      sgd->lr(lr);
+    }
+  }
+}
+
 }  // namespace
+
+const std::vector<Task>& tasks() {
+  static const std::vector<Task> all = {
+      {"deep",
+       "64-64x6-10 sigmoid classifier, Adam lr 0.01 on a cosine, batch 128, 250 epochs: its "
+       "activation gradients shrink layer by layer, float16 flushes the first layers' to zero",
+       6, 64, "sigmoid", "adam", 0.01, 250, 128, true},
+      {"mlp",
+       "64-128x3-10 tanh MLP, SGD (momentum 0.9) lr 0.05, batch 64, 30 epochs: trains the same "
+       "in float16 with or without a scaler",
+       3, 128, "tanh", "sgd", 0.05, 30, 64, false},
+  };
+  return all;
+}
+
+const Task& find_task(const std::string& name) {
+  for (const auto& t : tasks()) {
+    if (t.name == name) {
+      return t;
+    }
+  }
+  throw std::invalid_argument("unknown task '" + name + "'");
+}
+
+std::map<std::string, std::string> Config::to_map() const {
+  std::string joined;
+  for (const auto& m : modes) {
+    joined += (joined.empty() ? "" : ",") + m;
+  }
+  return {{"task", task},
+          {"epochs", std::to_string(epochs)},
+          {"batch-size", std::to_string(batch_size)},
+          {"lr", format_double(lr)},
+          {"seed", std::to_string(seed)},
+          {"init-scale", format_double(init_scale)},
+          {"growth-interval", std::to_string(growth_interval)},
+          {"optimizer", optimizer},
+          {"fused", fused ? "1" : "0"},
+          {"modes", joined},
+          {"data", data}};
+}
+
+Config Config::from_map(const std::map<std::string, std::string>& kv) {
+  auto get = [&](const std::string& key) -> const std::string& {
+    const auto it = kv.find(key);
+    if (it == kv.end()) {
+      throw std::invalid_argument("config has no '" + key + "'");
+    }
+    return it->second;
+  };
+  Config c;
+  c.task = get("task");
+  c.epochs = std::stoi(get("epochs"));
+  c.batch_size = std::stoi(get("batch-size"));
+  c.lr = std::stod(get("lr"));
+  c.seed = std::stoull(get("seed"));
+  c.init_scale = std::stod(get("init-scale"));
+  c.growth_interval = std::stoll(get("growth-interval"));
+  c.optimizer = get("optimizer");
+  c.fused = get("fused") == "1";
+  std::stringstream modes(get("modes"));
+  for (std::string m; std::getline(modes, m, ',');) {
+    c.modes.push_back(m);
+  }
+  c.data = get("data");
+  return c;
+}
 
 bool cpu_fp16_autocast() {
   return torchamp::autocast::is_supported(torch::kCPU, torch::kHalf);
@@ -110,9 +283,62 @@ std::vector<std::string> available_modes() {
   return modes;
 }
 
-ModeResult train_mode(const std::string& mode, const Dataset& train, const Dataset& test,
-                      const Config& config, const Progress& progress) {
+std::vector<std::string> activation_names(const Task& task) {
+  std::vector<std::string> names;
+  for (int i = 0; i < task.hidden_layers; ++i) {
+    names.push_back("fc" + std::to_string(i));
+  }
+  names.push_back("out");
+  return names;
+}
+
+void save_initial(const std::string& path, const Config& config, const Dataset& train,
+                  const Dataset& test) {
+  torch::manual_seed(config.seed);  // as train_mode does
+  const Task& task = find_task(config.task);
+  Net net(task);
+  c10::Dict<std::string, at::Tensor> params;
+  for (const auto& p : net.named_parameters()) {
+    params.insert(p.key(), p.value().detach().clone());
+  }
+  c10::impl::GenericDict all(c10::StringType::get(), c10::AnyType::get());
+  all.insert("params", params);
+  all.insert("x_train", train.x);
+  all.insert("y_train", train.y);
+  all.insert("x_test", test.x);
+  all.insert("y_test", test.y);
+  all.insert("activation", task.activation);
+  all.insert("cosine", task.cosine);
+  const std::vector<char> bytes = torch::pickle_save(all);
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f) {
+    throw std::runtime_error("cannot write " + path);
+  }
+}
+
+Position read_position(const std::string& checkpoint_path) {
+  torch::serialize::InputArchive a;
+  a.load_from(checkpoint_path);
+  Position p;
+  p.mode_index = read_int(a, "position/mode_index");
+  p.step = read_int(a, "position/step");
+  p.metrics_bytes = read_int(a, "position/metrics_bytes");
+  p.summary_bytes = read_int(a, "position/summary_bytes");
+  return p;
+}
+
+void save_position(const std::string& checkpoint_path, const Position& position) {
+  torch::serialize::OutputArchive a;
+  write_position(a, position);
+  save_atomically(a, checkpoint_path);
+}
+
+ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& test,
+                       const Config& config, const Hooks& hooks, const std::string& resume_from) {
   const auto start = std::chrono::steady_clock::now();
+  const std::string& mode = config.modes.at(static_cast<size_t>(mode_index));
+  const Task& task = find_task(config.task);
   const bool fp16 = mode == "fp16" || mode == "fp16+scaler";
   const bool fp16_autocast = fp16 && cpu_fp16_autocast();
   const bool half_storage = fp16 && !fp16_autocast;
@@ -120,38 +346,102 @@ ModeResult train_mode(const std::string& mode, const Dataset& train, const Datas
   const bool autocast_bf16 = mode == "bf16+scaler";
   const torch::Device device = cuda ? torch::kCUDA : torch::kCPU;
 
-  ModeResult result;
+  ModeSummary result;
   result.mode = mode;
   result.scaled = mode.find("+scaler") != std::string::npos;
 
   torch::manual_seed(config.seed);  // the same initial weights in every mode
-  auto net = std::make_shared<Net>();
+  auto net = std::make_shared<Net>(task);
   net->to(device);
   const std::unique_ptr<torch::optim::Optimizer> optimizer_ptr =
       make_optimizer(net->parameters(), config);
   torch::optim::Optimizer& optimizer = *optimizer_ptr;
-  double step_seconds = 0;
   torchamp::GradScaler scaler(torchamp::GradScalerOptions()
                                   .init_scale(config.init_scale)
                                   .growth_interval(config.growth_interval)
                                   .enabled(result.scaled));
 
+  const size_t n_act = static_cast<size_t>(task.hidden_layers) + 1;
+  Underflow overall;
+  int64_t step = 0;
+  double step_seconds = 0, train_seconds = 0, earlier_seconds = 0;
+  if (!resume_from.empty()) {
+    torch::serialize::InputArchive a;
+    a.load_from(resume_from);
+    if (read_int(a, "position/mode_index") == mode_index && read_int(a, "position/step") > 0) {
+      step = read_int(a, "position/step");
+      result.skipped = read_int(a, "counters/skipped");
+      overall.total = read_int(a, "counters/underflow_total");
+      overall.flushed = read_int(a, "counters/underflow_flushed");
+      overall.subnormal = read_int(a, "counters/underflow_subnormal");
+      step_seconds = read_double(a, "times/step");
+      train_seconds = read_double(a, "times/train");
+      earlier_seconds = read_double(a, "times/wall");
+      torch::serialize::InputArchive model, opt;
+      a.read("model", model);
+      net->load(model);
+      a.read("optimizer", opt);
+      optimizer.load(opt);
+      if (result.scaled) {
+        torch::serialize::InputArchive s;
+        a.read("scaler", s);
+        s >> scaler;
+      }
+    }
+  }
+
+  auto checkpoint = [&] {
+    Position p{mode_index, step, 0, 0};
+    hooks.bookmark(p);
+    torch::serialize::OutputArchive a;
+    write_position(a, p);
+    write_int(a, "counters/skipped", result.skipped);
+    write_int(a, "counters/underflow_total", overall.total);
+    write_int(a, "counters/underflow_flushed", overall.flushed);
+    write_int(a, "counters/underflow_subnormal", overall.subnormal);
+    write_double(a, "times/step", step_seconds);
+    write_double(a, "times/train", train_seconds);
+    write_double(
+        a, "times/wall",
+        earlier_seconds +
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    torch::serialize::OutputArchive model, opt;
+    net->save(model);
+    a.write("model", model);
+    optimizer.save(opt);
+    a.write("optimizer", opt);
+    if (result.scaled) {
+      torch::serialize::OutputArchive s;
+      s << scaler;
+      a.write("scaler", s);
+    }
+    save_atomically(a, hooks.checkpoint_path);
+  };
+
   const at::Tensor x_train = train.x.to(device), y_train = train.y.to(device);
+  const at::Tensor x_test = test.x.to(device), y_test = test.y.to(device);
+  auto accuracy = [&](const at::Tensor& x, const at::Tensor& y) {
+    torch::NoGradGuard no_grad;
+    const at::Tensor pred = net->forward(x, false, nullptr).argmax(1);
+    return pred.eq(y).to(torch::kDouble).mean().item<double>();
+  };
   const int64_t n = x_train.size(0);
   const int64_t per_epoch = (n + config.batch_size - 1) / config.batch_size;
   const int64_t total = per_epoch * config.epochs;
-  Underflow overall;
-  int64_t step = 0;
-  for (int epoch = 0; epoch < config.epochs; ++epoch) {
-    // The same batch order in every mode.
+  for (int epoch = static_cast<int>(step / per_epoch); epoch < config.epochs; ++epoch) {
+    // The same batch order in every mode (and in the Python comparison).
     auto gen = at::make_generator<at::CPUGeneratorImpl>(config.seed * 1000003 + epoch);
     const at::Tensor order = torch::randperm(n, gen, torch::kLong).to(device);
-    for (int64_t b = 0; b < per_epoch; ++b) {
+    for (int64_t b = step % per_epoch; b < per_epoch; ++b) {
+      const auto train_start = std::chrono::steady_clock::now();
       const at::Tensor idx =
           order.slice(0, b * config.batch_size, std::min(n, (b + 1) * config.batch_size));
       const at::Tensor x = x_train.index_select(0, idx), y = y_train.index_select(0, idx);
+      if (task.cosine) {
+        set_lr(optimizer, cosine_lr(config.lr, step, total));
+      }
       optimizer.zero_grad();
-      Underflow stats;
+      std::vector<Underflow> stats(n_act);
       at::Tensor logits;
       {
         // bf16+scaler: CPU autocast (bfloat16); fp16 modes on LibTorch >= 2.2:
@@ -177,20 +467,32 @@ ModeResult train_mode(const std::string& mode, const Dataset& train, const Datas
       if (result.scaled) {
         scaler.update();
       }
-      overall.total += stats.total;
-      overall.flushed += stats.flushed;
-      overall.subnormal += stats.subnormal;
-      StepRecord rec{step,
-                     epoch,
-                     loss.item<double>(),
-                     scaler.get_scale(),
-                     result.skipped,
-                     stats.fraction(stats.flushed),
-                     stats.fraction(stats.subnormal)};
-      result.steps.push_back(rec);
+      train_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
+      Underflow all;
+      std::vector<double> layers;
+      for (const auto& s : stats) {
+        all.add(s);
+        layers.push_back(s.fraction(s.flushed));
+      }
+      overall.add(all);
       ++step;
-      if (progress) {
-        progress(mode, rec, total);
+      const bool epoch_end = b + 1 == per_epoch;
+      StepRecord rec{
+          step - 1,
+          epoch,
+          loss.item<double>(),
+          scaler.get_scale(),
+          result.skipped,
+          all.fraction(all.flushed),
+          all.fraction(all.subnormal),
+          epoch_end ? accuracy(x_test, y_test) : std::numeric_limits<double>::quiet_NaN(),
+          std::move(layers)};
+      if (hooks.step) {
+        hooks.step(mode, rec, total);
+      }
+      if (hooks.checkpoint_every > 0 && step % hooks.checkpoint_every == 0 && step < total) {
+        checkpoint();
       }
     }
   }
@@ -199,13 +501,14 @@ ModeResult train_mode(const std::string& mode, const Dataset& train, const Datas
   result.final_loss =
       torch::nn::functional::cross_entropy(net->forward(x_train, false, nullptr), y_train)
           .item<double>();
-  const at::Tensor pred = net->forward(test.x.to(device), false, nullptr).argmax(1);
-  result.test_accuracy = pred.eq(test.y.to(device)).to(torch::kDouble).mean().item<double>();
+  result.test_accuracy = accuracy(x_test, y_test);
   result.final_scale = scaler.get_scale();
   result.underflow = overall.fraction(overall.flushed);
   result.subnormal = overall.fraction(overall.subnormal);
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.seconds = earlier_seconds +
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.step_ms = step > 0 ? 1e3 * step_seconds / static_cast<double>(step) : 0.0;
+  result.train_step_ms = step > 0 ? 1e3 * train_seconds / static_cast<double>(step) : 0.0;
   return result;
 }
 

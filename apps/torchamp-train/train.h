@@ -1,59 +1,89 @@
 #pragma once
 
 // The training runs of torchamp-train: one per precision mode, on the same
-// split, seed and initial weights.
+// split, seed, initial weights and batch order, each resumable from a
+// checkpoint.
 
 #include "data.h"
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 namespace torchamp_train {
 
+/// A workload: the network and the optimizer settings it trains with unless
+/// the command line says otherwise.
+struct Task {
+  std::string name;
+  std::string summary;  // one line, for --help and the banner
+  int hidden_layers;
+  int64_t width;
+  std::string activation;  // "sigmoid" or "tanh"
+  std::string optimizer;   // "sgd", "adam" or "adamw"
+  double lr;
+  int epochs;
+  int batch_size;
+  bool cosine;  // the learning rate decays to 0 along a cosine over the run
+};
+
+/// The tasks, the default first.
+const std::vector<Task>& tasks();
+/// The task of that name; throws std::invalid_argument naming it otherwise.
+const Task& find_task(const std::string& name);
+
 struct Config {
-  int epochs = 30;
-  int batch_size = 64;
-  double lr = 0.05;
+  std::string task = "deep";
+  int epochs = 0;
+  int batch_size = 0;
+  double lr = 0;
   uint64_t seed = 0;
   double init_scale = 65536.0;
-  int64_t growth_interval = 50;   // short, so the sawtooth shows in a short run
-  std::string optimizer = "sgd";  // "sgd" (momentum 0.9) or "adamw"
-  bool fused = false;             // torchamp::optim's fused optimizer instead of LibTorch's
+  int64_t growth_interval = 50;  // short, so the sawtooth shows in a short run
+  std::string optimizer;         // "sgd" (momentum 0.9), "adam" or "adamw" (weight decay 1e-4)
+  bool fused = false;            // torchamp::optim's fused optimizer instead of LibTorch's
+  std::vector<std::string> modes;
+  std::string data;
+
+  /// The settings as key=value pairs (what a run folder's config.txt holds
+  /// and what --resume compares), and back.
+  std::map<std::string, std::string> to_map() const;
+  static Config from_map(const std::map<std::string, std::string>& kv);
 };
 
 /// One optimizer step of one mode.
 struct StepRecord {
   int64_t step;
   int epoch;
-  double loss;       // the batch's (unscaled) loss
-  double scale;      // the scale after update(); 1 without a scaler
-  int64_t skipped;   // steps skipped so far
-  double underflow;  // of this step's activation-gradient entries: zero in float16
-  double subnormal;  // ... and subnormal in float16
+  double loss;           // the batch's (unscaled) loss
+  double scale;          // the scale after update(); 1 without a scaler
+  int64_t skipped;       // steps skipped so far
+  double underflow;      // of this step's activation-gradient entries: zero in float16
+  double subnormal;      // ... and subnormal in float16
+  double test_accuracy;  // after the epoch's last step; NaN on other steps
+  std::vector<double> layer_underflow;  // `underflow` per activation, input side first
 };
 
-struct ModeResult {
+/// What the table shows of one finished mode.
+struct ModeSummary {
   std::string mode;
   bool scaled = false;
-  std::vector<StepRecord> steps;
   double final_loss = 0;     // cross-entropy over the training set, float32 forward
   double test_accuracy = 0;  // on the held-out set, float32 forward
   int64_t skipped = 0;
   double final_scale = 1;
   double underflow = 0;  // over the whole run
   double subnormal = 0;
-  double seconds = 0;
+  double seconds = 0;  // wall time of the mode (over all processes that ran it)
   double step_ms = 0;  // mean time of the optimizer step (scaler.step: unscale, check, update)
+  double train_step_ms = 0;  // mean time of a whole training step (forward to update)
 };
 
 /// Whether the fp16 modes run under real CPU float16 autocast (LibTorch >=
 /// 2.2); otherwise they store activations in float16 between layers.
 bool cpu_fp16_autocast();
-
-/// Called after every step: (mode, record, total steps).
-using Progress = std::function<void(const std::string&, const StepRecord&, int64_t)>;
 
 /// "fp32", "fp16", "fp16+scaler", "bf16+scaler", and "cuda-fp16+scaler" when
 /// the linked LibTorch has CUDA and a GPU is present.
@@ -61,7 +91,43 @@ std::vector<std::string> available_modes();
 /// All mode names the program knows, available here or not.
 std::vector<std::string> known_modes();
 
-ModeResult train_mode(const std::string& mode, const Dataset& train, const Dataset& test,
-                      const Config& config, const Progress& progress);
+/// The names of the measured activations of a task's network ("fc0", ...,
+/// "out"): metrics.csv's per-layer underflow columns.
+std::vector<std::string> activation_names(const Task& task);
+
+/// Where a run stands: written into every checkpoint.
+struct Position {
+  int64_t mode_index = 0;     // into Config::modes
+  int64_t step = 0;           // steps done in that mode; 0 = start it afresh
+  int64_t metrics_bytes = 0;  // metrics.csv's and summary.csv's sizes at the checkpoint
+  int64_t summary_bytes = 0;
+};
+
+/// What train_mode reports and asks for along the way.
+struct Hooks {
+  /// After every step (metrics.csv's row, the progress line).
+  std::function<void(const std::string& mode, const StepRecord&, int64_t total_steps)> step;
+  /// Before a checkpoint: flush the logs and record their sizes.
+  std::function<void(Position&)> bookmark;
+  int64_t checkpoint_every = 0;  // steps; 0: none
+  std::string checkpoint_path;   // written atomically (a temporary name, then a rename)
+};
+
+/// The initial weights (the same in every mode) and the split, for the
+/// Python comparison: a torch::pickle_save'd dict that Python's torch.load
+/// reads.
+void save_initial(const std::string& path, const Config& config, const Dataset& train,
+                  const Dataset& test);
+
+/// The position stored in a checkpoint file.
+Position read_position(const std::string& checkpoint_path);
+/// Writes a checkpoint holding only a position (between modes).
+void save_position(const std::string& checkpoint_path, const Position& position);
+
+/// Trains mode `config.modes[mode_index]`; from the checkpoint at
+/// `resume_from` when that is non-empty and holds a position inside this
+/// mode (its model, optimizer, scaler and counters), else from the start.
+ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& test,
+                       const Config& config, const Hooks& hooks, const std::string& resume_from);
 
 }  // namespace torchamp_train

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# torchamp-train's exact resume: a run killed with SIGKILL (mid-epoch, and
+# while writing a checkpoint) and resumed with the same command line and
+# --resume writes the same metrics.csv, byte for byte, and the same table
+# values as the uninterrupted run.
+#
+# Usage: check_train_resume.sh APP WORKDIR
+set -euo pipefail
+app=$1
+work=$2
+rm -rf "$work"
+mkdir -p "$work"
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+# The table's values without the time columns (summary.csv's first 8).
+values() { cut -d, -f1-8 "$1/summary.csv"; }
+
+same_as() {  # same_as REFERENCE RESUMED
+  cmp "$1/metrics.csv" "$2/metrics.csv" || fail "$2/metrics.csv differs from $1's"
+  [ "$(values "$1")" = "$(values "$2")" ] || fail "$2/summary.csv differs from $1's"
+}
+
+# Scale 1e9 and growth every 5 steps: backoffs and growths in a few epochs,
+# so the checkpoints hold a non-trivial scale and growth tracker.
+for variant in "--optimizer adam" "--optimizer sgd --fused"; do
+  # shellcheck disable=SC2206
+  args=(--task deep --epochs 6 --modes fp32,fp16+scaler,bf16+scaler --init-scale 1e9
+        --growth-interval 5 $variant)
+  name=$(echo "$variant" | tr -d ' -')
+  "$app" "${args[@]}" --out "$work/$name-full" >/dev/null
+  skips=$(grep -c ',fp16+scaler,' "$work/$name-full/metrics.csv")
+  [ "$skips" -gt 0 ] || fail "no fp16+scaler rows"
+
+  # Killed while writing its third checkpoint (step 15 of the first mode, mid-epoch):
+  # the temporary file is there, the second checkpoint still in place.
+  rc=0
+  TORCHAMP_TRAIN_KILL_IN_CHECKPOINT=3 "$app" "${args[@]}" --checkpoint-every 5 \
+    --out "$work/$name-killed" >/dev/null || rc=$?
+  [ "$rc" -eq 137 ] || fail "expected death by SIGKILL (137), got $rc"
+  [ -f "$work/$name-killed/checkpoint.pt.tmp" ] || fail "no half-written checkpoint"
+  "$app" "${args[@]}" --checkpoint-every 5 --resume "$work/$name-killed" >"$work/resume.log" ||
+    fail "resume failed: $(cat "$work/resume.log")"
+  grep -q "resuming at mode 1/3, step 10" "$work/resume.log" ||
+    fail "did not resume from the last complete checkpoint: $(head -3 "$work/resume.log")"
+  same_as "$work/$name-full" "$work/$name-killed"
+
+  # Killed in the second mode, then in the third (a checkpoint every 7 steps
+  # is mid-epoch: 12 steps an epoch).
+  TORCHAMP_TRAIN_KILL_IN_CHECKPOINT=14 "$app" "${args[@]}" --checkpoint-every 7 \
+    --out "$work/$name-twice" >/dev/null || true
+  TORCHAMP_TRAIN_KILL_IN_CHECKPOINT=10 "$app" "${args[@]}" --checkpoint-every 7 \
+    --resume "$work/$name-twice" >"$work/resume.log" || true
+  grep -q "resuming at mode 2/3" "$work/resume.log" || fail "$(head -3 "$work/resume.log")"
+  "$app" "${args[@]}" --checkpoint-every 7 --resume "$work/$name-twice" >"$work/resume.log"
+  grep -q "resuming at mode 3/3" "$work/resume.log" || fail "$(head -3 "$work/resume.log")"
+  same_as "$work/$name-full" "$work/$name-twice"
+done
+
+# A kill from outside, mid-run, at whatever step it lands.
+args=(--task deep --epochs 40 --modes fp16+scaler --init-scale 1e9 --growth-interval 5)
+"$app" "${args[@]}" --out "$work/outside-full" >/dev/null
+"$app" "${args[@]}" --checkpoint-every 7 --out "$work/outside" >/dev/null &
+pid=$!
+for _ in $(seq 600); do
+  lines=0
+  [ ! -f "$work/outside/metrics.csv" ] || lines=$(wc -l <"$work/outside/metrics.csv")
+  [ "$lines" -lt 150 ] || break
+  sleep 0.05
+done
+kill -KILL "$pid" 2>/dev/null || fail "the run ended before it could be killed"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" -eq 137 ] || fail "the run was not killed (exit $rc)"
+"$app" "${args[@]}" --checkpoint-every 7 --resume "$work/outside" >"$work/resume.log"
+grep "resuming at" "$work/resume.log"
+same_as "$work/outside-full" "$work/outside"
+
+# Options that disagree with the run's own are refused, naming the option.
+rc=0
+"$app" --task deep --lr 0.5 --resume "$work/outside" >"$work/bad.log" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -q -- "--lr is 0.5 here but 0.01" "$work/bad.log" ||
+  fail "mismatched --lr: exit $rc, $(cat "$work/bad.log")"
+# Resuming a finished run changes nothing and prints its table.
+cp "$work/outside/metrics.csv" "$work/before.csv"
+"$app" --resume "$work/outside" >"$work/done.log"
+grep -q "| fp16+scaler | " "$work/done.log" || fail "no table for a finished run"
+cmp "$work/before.csv" "$work/outside/metrics.csv" || fail "resuming a finished run changed it"
+echo "exact resume: all runs identical to the uninterrupted ones"
