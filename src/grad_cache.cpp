@@ -58,33 +58,41 @@ bool refresh_cache(GradCache& cache, const torch::optim::Optimizer& optimizer) {
   }
   std::atomic<bool> same{true};
   constexpr int64_t kParamsPerTask = 2048;
-  at::parallel_for(0, static_cast<int64_t>(cache.entries.size()), kParamsPerTask,
-                   [&](int64_t begin, int64_t end) {
-                     for (int64_t i = begin; i < end; ++i) {
-                       const GradCache::Entry& e = cache.entries[i];
-                       const at::Tensor& param = groups[e.group].params()[e.index];
-                       // The impl's own accessor: Tensor::grad() also asks
-                       // autograd whether the tensor is a leaf, for a warning
-                       // that does not apply to parameters.
-                       const at::Tensor& grad = param.unsafeGetTensorImpl()->grad();
-                       if (!grad.defined()) {
-                         if (e.has_grad) {
-                           same.store(false, std::memory_order_relaxed);
-                           return;
-                         }
-                         continue;
-                       }
-                       const c10::TensorImpl* impl = grad.unsafeGetTensorImpl();
-                       if (!e.has_grad || impl->key_set() != e.keys || impl->dtype() != e.dtype ||
-                           impl->numel() != e.numel || !impl->is_contiguous()) {
-                         same.store(false, std::memory_order_relaxed);
-                         return;
-                       }
-                       if (e.span >= 0) {
-                         cache.spans.set_data(e.span, compat::dense_data_for_write(*impl));
-                       }
-                     }
-                   });
+  at::parallel_for(
+      0, static_cast<int64_t>(cache.entries.size()), kParamsPerTask,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          // The parameters' metadata is cold (the update's
+          // streaming pushed it out): fetch a few ahead.
+          constexpr int64_t kAhead = 8;
+          if (i + kAhead < end) {
+            const GradCache::Entry& a = cache.entries[i + kAhead];
+            __builtin_prefetch(groups[a.group].params()[a.index].unsafeGetTensorImpl());
+          }
+          const GradCache::Entry& e = cache.entries[i];
+          const at::Tensor& param = groups[e.group].params()[e.index];
+          // The impl's own accessor: Tensor::grad() also asks
+          // autograd whether the tensor is a leaf, for a warning
+          // that does not apply to parameters.
+          const at::Tensor& grad = param.unsafeGetTensorImpl()->grad();
+          if (!grad.defined()) {
+            if (e.has_grad) {
+              same.store(false, std::memory_order_relaxed);
+              return;
+            }
+            continue;
+          }
+          const c10::TensorImpl* impl = grad.unsafeGetTensorImpl();
+          if (!e.has_grad || impl->key_set() != e.keys || impl->dtype() != e.dtype ||
+              impl->numel() != e.numel || !impl->is_contiguous()) {
+            same.store(false, std::memory_order_relaxed);
+            return;
+          }
+          if (e.span >= 0) {
+            cache.spans.set_data(e.span, compat::dense_data_for_write(*impl));
+          }
+        }
+      });
   return same.load(std::memory_order_relaxed);
 }
 

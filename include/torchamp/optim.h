@@ -65,8 +65,30 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <memory>
+
 namespace torchamp {
 namespace optim {
+
+/// What a fused optimizer keeps between steps so that its per-parameter
+/// bookkeeping is a small constant: each parameter's state key (computed
+/// once, not per step) and the state it last validated, checked again on
+/// every step before anything is written (a new or replaced parameter, a
+/// `load()`, a state entry or state tensor replaced by the user or by
+/// LibTorch all show). Not the optimizer's state: `save`/`load` and
+/// checkpoints are the base class's. A copy starts empty.
+class StepCache {
+ public:
+  StepCache();
+  ~StepCache();
+  StepCache(const StepCache& other);
+  StepCache& operator=(const StepCache& other);
+  struct Plan;
+  Plan& plan() const { return *plan_; }
+
+ private:
+  std::unique_ptr<Plan> plan_;
+};
 
 // Each class below: `step()` is the fused step when `supports_amp_scaling()`,
 // else the base class's; `supports_amp_scaling()` says whether the fused
@@ -74,7 +96,11 @@ namespace optim {
 // parameters' own supported dtype and device, as the parameters and state:
 // CPU, or CUDA with LibTorch 2.4+); `amp_step(args)` is one fused step with
 // the scaler's scale and flag (torchamp/amp_step.h), and requires
-// `supports_amp_scaling()`.
+// `supports_amp_scaling()`. `supports_amp_scaling()` walks the parameters
+// once, validating what the cache kept and preparing the update;
+// `amp_step()` right after it (as GradScaler::step and step() call them)
+// uses what it prepared instead of walking again, and walks itself when
+// called alone.
 
 /// `torch::optim::SGD` with a fused step.
 class SGD : public torch::optim::SGD, public StepSupportsAmpScaling {
@@ -83,6 +109,9 @@ class SGD : public torch::optim::SGD, public StepSupportsAmpScaling {
   at::Tensor step(LossClosure closure = nullptr) override;
   bool supports_amp_scaling() const override;
   void amp_step(const AmpStepArgs& args) override;
+
+ private:
+  StepCache cache_;
 };
 
 /// `torch::optim::Adam` with a fused step.
@@ -92,6 +121,9 @@ class Adam : public torch::optim::Adam, public StepSupportsAmpScaling {
   at::Tensor step(LossClosure closure = nullptr) override;
   bool supports_amp_scaling() const override;
   void amp_step(const AmpStepArgs& args) override;
+
+ private:
+  StepCache cache_;
 };
 
 /// `torch::optim::AdamW` with a fused step.
@@ -101,6 +133,9 @@ class AdamW : public torch::optim::AdamW, public StepSupportsAmpScaling {
   at::Tensor step(LossClosure closure = nullptr) override;
   bool supports_amp_scaling() const override;
   void amp_step(const AmpStepArgs& args) override;
+
+ private:
+  StepCache cache_;
 };
 
 }  // namespace optim
