@@ -124,6 +124,12 @@ StepCache& StepCache::operator=(const StepCache& other) {
 
 namespace {
 
+// A dense tensor's data, for writing, without data_ptr()'s out-of-line
+// checks (the tensor is known dense and, checked before, of a supported dtype).
+void* data_of(const at::Tensor& t) {
+  return compat::dense_data_for_write(*t.unsafeGetTensorImpl());
+}
+
 bool same_state(const CachedParam& c, const ParamState* st, const StateTensors& ts) {
   if (c.state != st) {
     return false;
@@ -131,7 +137,7 @@ bool same_state(const CachedParam& c, const ParamState* st, const StateTensors& 
   for (size_t k = 0; k < ts.size(); ++k) {
     const at::Tensor& t = *ts[k];
     if (t.unsafeGetTensorImpl() != c.tensors[k].unsafeGetTensorImpl() ||
-        (t.defined() && (t.data_ptr() != c.data[k] || t.numel() != c.numel[k]))) {
+        (t.defined() && (t.numel() != c.numel[k] || data_of(t) != c.data[k]))) {
       return false;
     }
   }
@@ -152,7 +158,7 @@ bool accept_state(CachedParam& c, const ParamState* st, const StateTensors& ts) 
   c.state = st;
   for (size_t k = 0; k < ts.size(); ++k) {
     c.tensors[k] = *ts[k];
-    c.data[k] = ts[k]->defined() ? ts[k]->data_ptr() : nullptr;
+    c.data[k] = ts[k]->defined() ? data_of(*ts[k]) : nullptr;
     c.numel[k] = ts[k]->defined() ? ts[k]->numel() : 0;
   }
   return true;
@@ -262,7 +268,7 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan, TensorsO
         return false;
       }
     }
-    plan.ready.push_back({i, &grad, st, p.data_ptr(), grad.data_ptr()});
+    plan.ready.push_back({i, &grad, st, data_of(p), data_of(grad)});
   }
   plan.prepared = true;
   return true;

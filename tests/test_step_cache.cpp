@@ -41,6 +41,17 @@ void set_scaled_grads(torch::optim::Optimizer& opt, int64_t seed) {
   }
 }
 
+// `to` takes `from`'s state through save/load, as a checkpoint would.
+void copy_state(torch::optim::Optimizer& from, torch::optim::Optimizer& to) {
+  torch::serialize::OutputArchive out;
+  from.save(out);
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);
+  to.load(in);
+}
+
 // A copy with the same groups, options, parameters, gradients and state
 // (through save/load), and a cold cache.
 template <class Opt, class Options>
@@ -60,13 +71,7 @@ std::unique_ptr<Opt> cold_copy(Opt& warm) {
   }
   auto cold =
       std::make_unique<Opt>(std::move(groups), static_cast<const Options&>(warm.defaults()));
-  torch::serialize::OutputArchive out;
-  warm.save(out);
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  in.load_from(bytes);
-  cold->load(in);
+  copy_state(warm, *cold);
   return cold;
 }
 
@@ -168,13 +173,7 @@ TEST(StepCache, SeesALoadOfAnotherOptimizersState) {
       set_scaled_grads(other, 50 + s);
       other.step();
     }
-    torch::serialize::OutputArchive out;
-    other.save(out);
-    std::stringstream bytes;
-    out.save_to(bytes);
-    torch::serialize::InputArchive in;
-    in.load_from(bytes);
-    opt.load(in);
+    copy_state(other, opt);
   });
 }
 
