@@ -76,7 +76,10 @@ namespace optim {
 /// every step before anything is written (a new or replaced parameter, a
 /// `load()`, a state entry or state tensor replaced by the user or by
 /// LibTorch all show). Not the optimizer's state: `save`/`load` and
-/// checkpoints are the base class's. A copy starts empty.
+/// checkpoints are the base class's. A copy starts empty. It holds
+/// references to the parameters and state tensors it last validated, so a
+/// parameter removed or a state replaced stays allocated until the next step
+/// (or the optimizer's end).
 class StepCache {
  public:
   StepCache();
