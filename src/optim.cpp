@@ -183,6 +183,17 @@ void prefetch_ahead(const StepCache::Plan& plan, size_t i) {
   }
 }
 
+// The update's loop over what the walk prepared: the same metadata, the
+// state and the gradient a few entries ahead.
+void prefetch_ready(const StepCache::Plan& plan, size_t j) {
+  if (j < plan.ready.size()) {
+    const ReadyParam& ahead = plan.ready[j];
+    __builtin_prefetch(ahead.state);
+    __builtin_prefetch(ahead.grad->unsafeGetTensorImpl());
+    prefetch_ahead(plan, ahead.index);
+  }
+}
+
 // A later stage, nearer: the storages behind the tensors fetched above
 // (their data pointers), now that the tensors' own metadata is in.
 void prefetch_storages(const StepCache::Plan& plan, size_t i) {
@@ -342,12 +353,7 @@ void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const AmpS
   double memo_beta1 = 0, memo_beta2 = 0, memo_bc1 = 1, memo_bc2_sqrt = 1;
   for (size_t j = 0; j < plan.ready.size(); ++j) {
     ReadyParam& r = plan.ready[j];
-    if (j + kPrefetchDistance < plan.ready.size()) {
-      const ReadyParam& ahead = plan.ready[j + kPrefetchDistance];
-      __builtin_prefetch(ahead.state);
-      __builtin_prefetch(ahead.grad->unsafeGetTensorImpl());
-      prefetch_ahead(plan, ahead.index);
-    }
+    prefetch_ready(plan, j + kPrefetchDistance);
     CachedParam& c = plan.params[r.index];
     const at::Tensor& p = c.param;
     const auto& options = static_cast<const Options&>(groups[c.group].options());
@@ -469,7 +475,9 @@ void SGD::amp_step(const AmpStepArgs& args) {
   jobs.reserve(plan.ready.size());
   std::map<BatchKey, SgdBatch> batches;
   auto& groups = param_groups();
-  for (auto& r : plan.ready) {
+  for (size_t j = 0; j < plan.ready.size(); ++j) {
+    ReadyParam& r = plan.ready[j];
+    prefetch_ready(plan, j + kPrefetchDistance);
     CachedParam& c = plan.params[r.index];
     const at::Tensor& p = c.param;
     const auto& options = static_cast<const torch::optim::SGDOptions&>(groups[c.group].options());
@@ -511,7 +519,8 @@ void SGD::amp_step(const AmpStepArgs& args) {
     kernels::SgdJob job;
     job.param = r.param_data;
     job.grad = r.grad_data;
-    job.momentum_buffer = buffer.defined() ? buffer.data_ptr() : nullptr;
+    // The data pointer the walk validated (or remember_state recorded).
+    job.momentum_buffer = buffer.defined() ? const_cast<void*>(c.data[0]) : nullptr;
     job.first = first;
     job.numel = p.numel();
     job.dtype = p.scalar_type();

@@ -332,16 +332,20 @@ bool plot(const fs::path& out, const Config& config,
   }
   const std::string d = "'" + steps_data.string() + "'", e = "'" + epochs_data.string() + "'";
   std::ostringstream script;
+  // One line per mode from `data`'s blocks, `column` its y values.
+  auto each_mode = [&](const std::string& data, const std::string& column) {
+    for (size_t i = 0; i < results.size(); ++i) {
+      script << (i ? ", " : "") << data << " index " << i << " using 1:" << column
+             << " with lines lw 1.5 title '" << results[i].mode << "' noenhanced";
+    }
+  };
   script << "set terminal pngcairo size 1000,560 font 'sans,11'\n"
          << "set grid\nset key top right\nset xlabel 'step'\n"
          << "set output '" << (out / "loss.png").string() << "'\n"
          << "set title 'Training loss per step (" << task.name << ": " << task.summary.substr(0, 40)
          << "...)' noenhanced\n"
          << "set ylabel 'cross-entropy (batch)'\nset logscale y\nplot ";
-  for (size_t i = 0; i < results.size(); ++i) {
-    script << (i ? ", " : "") << d << " index " << i << " using 1:2 with lines lw 1.5 title '"
-           << results[i].mode << "' noenhanced";
-  }
+  each_mode(d, "2");
   script << "\nset output '" << (out / "scale.png").string() << "'\n"
          << "set title 'Loss scale per step (the sawtooth); crosses: skipped steps'\n"
          << "set ylabel 'scale'\nset logscale y 2\nset format y '2^{%L}'\nplot ";
@@ -361,18 +365,12 @@ bool plot(const fs::path& out, const Config& config,
          << "set title 'Test accuracy after each epoch'\nset xlabel 'epoch'\n"
          << "set ylabel 'test accuracy'\nunset logscale y\nset format y '%.0f%%'\n"
          << "set key bottom right\nplot ";
-  for (size_t i = 0; i < results.size(); ++i) {
-    script << (i ? ", " : "") << e << " index " << i
-           << " using 1:($2*100) with lines lw 1.5 title '" << results[i].mode << "' noenhanced";
-  }
+  each_mode(e, "($2*100)");
   script << "\nset output '" << (out / "underflow.png").string() << "'\n"
          << "set title 'Activation-gradient entries that are zero in float16 (fp32/bf16: would "
             "be)'\nset xlabel 'step'\nset key top right\n"
          << "set ylabel 'share of all entries'\nplot ";
-  for (size_t i = 0; i < results.size(); ++i) {
-    script << (i ? ", " : "") << d << " index " << i
-           << " using 1:($4*100) with lines lw 1.5 title '" << results[i].mode << "' noenhanced";
-  }
+  each_mode(d, "($4*100)");
   // Per layer, for the float16 modes.
   script << "\nset output '" << (out / "underflow-layers.png").string() << "'\n"
          << "set title 'Per activation: entries of its gradient zero in float16 (solid: fp16, "

@@ -129,6 +129,12 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> 
   return std::make_unique<torch::optim::SGD>(std::move(params), options);
 }
 
+// The network every mode starts from: the same weights for the same seed.
+std::shared_ptr<Net> initial_net(const Config& config, const Task& task) {
+  torch::manual_seed(config.seed);
+  return std::make_shared<Net>(task);
+}
+
 std::string format_double(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.17g", v);
@@ -158,6 +164,15 @@ void write_position(torch::serialize::OutputArchive& a, const Position& p) {
   write_int(a, "position/step", p.step);
   write_int(a, "position/metrics_bytes", p.metrics_bytes);
   write_int(a, "position/summary_bytes", p.summary_bytes);
+}
+
+Position read_position(torch::serialize::InputArchive& a) {
+  Position p;
+  p.mode_index = read_int(a, "position/mode_index");
+  p.step = read_int(a, "position/step");
+  p.metrics_bytes = read_int(a, "position/metrics_bytes");
+  p.summary_bytes = read_int(a, "position/summary_bytes");
+  return p;
 }
 
 // Saves `archive` to `path` through a temporary name: a process killed while
@@ -294,11 +309,10 @@ std::vector<std::string> activation_names(const Task& task) {
 
 void save_initial(const std::string& path, const Config& config, const Dataset& train,
                   const Dataset& test) {
-  torch::manual_seed(config.seed);  // as train_mode does
   const Task& task = find_task(config.task);
-  Net net(task);
+  const auto net = initial_net(config, task);
   c10::Dict<std::string, at::Tensor> params;
-  for (const auto& p : net.named_parameters()) {
+  for (const auto& p : net->named_parameters()) {
     params.insert(p.key(), p.value().detach().clone());
   }
   c10::impl::GenericDict all(c10::StringType::get(), c10::AnyType::get());
@@ -320,12 +334,7 @@ void save_initial(const std::string& path, const Config& config, const Dataset& 
 Position read_position(const std::string& checkpoint_path) {
   torch::serialize::InputArchive a;
   a.load_from(checkpoint_path);
-  Position p;
-  p.mode_index = read_int(a, "position/mode_index");
-  p.step = read_int(a, "position/step");
-  p.metrics_bytes = read_int(a, "position/metrics_bytes");
-  p.summary_bytes = read_int(a, "position/summary_bytes");
-  return p;
+  return read_position(a);
 }
 
 void save_position(const std::string& checkpoint_path, const Position& position) {
@@ -350,8 +359,7 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
   result.mode = mode;
   result.scaled = mode.find("+scaler") != std::string::npos;
 
-  torch::manual_seed(config.seed);  // the same initial weights in every mode
-  auto net = std::make_shared<Net>(task);
+  const auto net = initial_net(config, task);
   net->to(device);
   const std::unique_ptr<torch::optim::Optimizer> optimizer_ptr =
       make_optimizer(net->parameters(), config);
@@ -368,8 +376,9 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
   if (!resume_from.empty()) {
     torch::serialize::InputArchive a;
     a.load_from(resume_from);
-    if (read_int(a, "position/mode_index") == mode_index && read_int(a, "position/step") > 0) {
-      step = read_int(a, "position/step");
+    const Position saved = read_position(a);
+    if (saved.mode_index == mode_index && saved.step > 0) {
+      step = saved.step;
       result.skipped = read_int(a, "counters/skipped");
       overall.total = read_int(a, "counters/underflow_total");
       overall.flushed = read_int(a, "counters/underflow_flushed");
