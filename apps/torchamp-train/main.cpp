@@ -8,8 +8,10 @@
 // Exit codes: 0 done, 2 bad option or malformed data, 1 anything else.
 
 #include "data.h"
+#include "parallel.h"
 #include "train.h"
 
+#include <c10/util/Exception.h>
 #include <torch/version.h>
 
 #include <unistd.h>
@@ -278,6 +280,52 @@ class RunFolder {
   std::ofstream metrics_, summary_;
 };
 
+// Each rank's own record of its steps, ranks/rank<r>.csv: whether its own
+// gradients held an inf/NaN and whether the step was skipped (on every rank
+// the same, when the group agrees), so the ranks' decisions can be compared.
+class RankLog {
+ public:
+  RankLog(const fs::path& dir, int rank)
+      : path_(dir / "ranks" / ("rank" + std::to_string(rank) + ".csv")) {}
+
+  void start() {
+    fs::create_directories(path_.parent_path());
+    std::ofstream(path_) << "mode,step,found_inf_here,skipped,scale,loss\n";
+    open();
+  }
+  // Back to its size at the checkpoint (what this rank wrote after it goes).
+  void resume(const Position& p, int rank) {
+    if (static_cast<size_t>(rank) < p.rank_log_bytes.size() && fs::exists(path_)) {
+      fs::resize_file(path_, static_cast<uintmax_t>(p.rank_log_bytes[static_cast<size_t>(rank)]));
+      open();
+    } else {
+      start();  // a run from before rank logs
+    }
+  }
+  void step(const std::string& mode, const StepRecord& r) {
+    log_ << mode << "," << r.step << "," << (r.found_inf_here ? 1 : 0) << ","
+         << (r.skipped_here ? 1 : 0) << "," << r.scale << "," << r.loss << "\n";
+  }
+  int64_t flush() {
+    log_.flush();
+    if (!log_) {
+      throw std::runtime_error("cannot write " + path_.string());
+    }
+    return static_cast<int64_t>(fs::file_size(path_));
+  }
+
+ private:
+  void open() {
+    log_.open(path_, std::ios::app);
+    log_ << std::setprecision(9);
+    if (!log_) {
+      throw std::runtime_error("cannot open " + path_.string());
+    }
+  }
+  fs::path path_;
+  std::ofstream log_;
+};
+
 void print_table(std::ostream& os, const std::vector<ModeSummary>& results) {
   os << "\n| mode | final train loss | test accuracy | skipped steps | final scale "
         "| fp16-flushed act. grads | fp16-subnormal act. grads | optimizer step | training step "
@@ -410,7 +458,7 @@ std::string task_help() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
   CLI::App app{
       "torchamp-train: mixed-precision training on the UCI handwritten digits, once per "
       "precision mode, comparing float32, float16 without and with loss scaling, and bfloat16."};
@@ -469,12 +517,42 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--data", config.data, "CSV (optionally .gz): 64 pixel columns 0..16, then label")
       ->capture_default_str();
+  std::string parallel_mode = "data";
+  app.add_option("--parallel", parallel_mode,
+                 "Under torchrun (WORLD_SIZE > 1): data (each rank a slice of every batch, "
+                 "gradients all-reduced) or sharded (each rank steps its shard of the parameters "
+                 "and optimizer state; the scaler agrees on overflow over the group). "
+                 "--batch-size stays the global batch")
+      ->check(CLI::IsMember({"data", "sharded"}))
+      ->capture_default_str();
+  double timeout_s = 300;
+  app.add_option("--timeout", timeout_s,
+                 "Seconds any collective may wait for the other ranks before this one fails")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  LaunchEnv env;
+  try {
+    env = LaunchEnv::from_environment();
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  }
+  if (env.world > 1 && !make_group) {
+    std::cerr << "error: WORLD_SIZE=" << env.world
+              << " but this torchamp-train was built against a LibTorch without Gloo's C++ "
+                 "headers (the pip wheels ship none), so it cannot form a process group. Launch "
+                 "torchamp-train-py (beside it in a wheel build: Python forms the group) or "
+                 "build against Debian's libtorch-dev.\n";
+    return 2;
+  }
+  config.world_size = env.world;
+  config.parallel = env.world > 1 ? parallel_mode : "none";
   config.seed = static_cast<uint64_t>(seed);
   // The task's settings where the command line gives none.
   const Task& task = find_task(config.task);
@@ -495,6 +573,12 @@ int main(int argc, char** argv) {
 
   try {
     const bool resuming = !resume_dir.empty();
+    // Every rank knows the same folder: without --out, rank 0's clock names
+    // it (all ranks start within a second, but need not agree on which).
+    if (!resuming && out_dir.empty() && env.world > 1) {
+      std::cerr << "error: on more than one process give --out (or --resume)\n";
+      return 2;
+    }
     RunFolder folder(resuming          ? fs::path(resume_dir)
                      : out_dir.empty() ? fs::path(default_out_dir())
                                        : fs::path(out_dir));
@@ -504,7 +588,8 @@ int main(int argc, char** argv) {
       const auto saved = folder.read_config();
       for (const auto& [key, value] : config.to_map()) {
         const auto it = saved.find(key);
-        if (app.count("--" + key) > 0 && (it == saved.end() || it->second != value)) {
+        const CLI::Option* given = app.get_option_no_throw("--" + key);
+        if (given != nullptr && given->count() > 0 && (it == saved.end() || it->second != value)) {
           std::cerr << "--resume: --" << key << " is " << value << " here but "
                     << (it == saved.end() ? std::string("absent") : it->second) << " in "
                     << resume_dir << "/config.txt\n";
@@ -512,6 +597,13 @@ int main(int argc, char** argv) {
         }
       }
       config = Config::from_map(saved);
+      // The checkpoint holds one optimizer shard per rank of the run.
+      if (config.world_size != env.world) {
+        std::cerr << "--resume: the run in " << resume_dir << " ran on " << config.world_size
+                  << " process(es) (world-size in its config.txt), this one on " << env.world
+                  << ": resume with the same number\n";
+        return 2;
+      }
       if (fs::exists(folder.checkpoint())) {
         position = read_position(folder.checkpoint());
       }
@@ -525,45 +617,94 @@ int main(int argc, char** argv) {
     }
     const Dataset all = load_digits(config.data);
     const auto [train, test] = split(all, 0.2, config.seed);
+    // Every rank needs a row of every batch.
+    const int64_t last_batch = train.x.size(0) % config.batch_size;
+    if (config.batch_size < env.world || (last_batch != 0 && last_batch < env.world)) {
+      std::cerr << "--batch-size: " << config.batch_size << " leaves an epoch's "
+                << (config.batch_size < env.world ? "batches" : "last batch") << " with "
+                << (config.batch_size < env.world ? config.batch_size : last_batch)
+                << " rows, fewer than the " << env.world << " processes\n";
+      return 2;
+    }
+    // The ranks meet (torchrun's environment) once the run is known to be sound.
+    Parallel parallel;
+    if (env.world > 1) {
+      parallel = make_group(env, config.parallel,
+                            std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+    }
+    const bool root = parallel.rank() == 0;  // writes the table, logs, plots and checkpoints
+    RankLog rank_log(folder.path(""), parallel.rank());
     if (resuming && position.metrics_bytes > 0) {
-      folder.resume(position);
+      if (root) {
+        folder.resume(position);
+      }
+      rank_log.resume(position, parallel.rank());
     } else {
-      folder.start(config);
-      save_initial(folder.path("initial.pt").string(), config, train, test);
+      if (root) {
+        folder.start(config);
+        save_initial(folder.path("initial.pt").string(), config, train, test);
+      }
+      rank_log.start();
     }
-    std::cout << "torchamp-train: task " << config.task << " (" << find_task(config.task).summary
-              << "); " << train.x.size(0) << " training and " << test.x.size(0)
-              << " test images from " << config.data << "; " << config.epochs << " epochs, batch "
-              << config.batch_size << ", " << (config.fused ? "torchamp's fused " : "LibTorch's ")
-              << config.optimizer << ", lr " << config.lr << ", seed " << config.seed << "; "
-              << (resuming ? "resuming" : "output") << " in " << folder.path("").string() << "\n";
-    if (resuming) {
-      std::cout << "resuming at mode " << position.mode_index + 1 << "/" << config.modes.size()
-                << ", step " << position.step << "\n";
+    if (root) {
+      std::cout << "torchamp-train: task " << config.task << " (" << find_task(config.task).summary
+                << "); " << train.x.size(0) << " training and " << test.x.size(0)
+                << " test images from " << config.data << "; " << config.epochs << " epochs, batch "
+                << config.batch_size << ", " << (config.fused ? "torchamp's fused " : "LibTorch's ")
+                << config.optimizer << ", lr " << config.lr << ", seed " << config.seed << "; "
+                << (resuming ? "resuming" : "output") << " in " << folder.path("").string() << "\n";
+      if (parallel.distributed()) {
+        std::cout << parallel.world() << " processes over Gloo, "
+                  << (parallel.sharded() ? "sharded optimizer (each rank steps its shard; the "
+                                           "scaler agrees on overflow over the group)"
+                                         : "data-parallel (gradients all-reduced in buckets)")
+                  << ", global batch " << config.batch_size << "; every rank logs its steps in "
+                  << folder.path("ranks").string() << "/\n";
+      }
+      if (resuming) {
+        std::cout << "resuming at mode " << position.mode_index + 1 << "/" << config.modes.size()
+                  << ", step " << position.step << "\n";
+      }
+      std::cout << "LibTorch " << TORCH_VERSION << ": the fp16 modes "
+                << (cpu_fp16_autocast() ? "run under CPU float16 autocast (matmuls in float16)"
+                                        : "store activations in float16 between layers (no CPU "
+                                          "float16 autocast before LibTorch 2.2)")
+                << std::endl;  // before anything can kill the process
     }
-    std::cout << "LibTorch " << TORCH_VERSION << ": the fp16 modes "
-              << (cpu_fp16_autocast() ? "run under CPU float16 autocast (matmuls in float16)"
-                                      : "store activations in float16 between layers (no CPU "
-                                        "float16 autocast before LibTorch 2.2)")
-              << std::endl;  // before anything can kill the process
 
     ProgressPrinter printer(isatty(STDOUT_FILENO) != 0, config.epochs);
     Hooks hooks;
     hooks.step = [&](const std::string& mode, const StepRecord& r, int64_t total) {
-      folder.step(mode, r);
-      printer(mode, r, total);
+      rank_log.step(mode, r);
+      if (root) {
+        folder.step(mode, r);
+        printer(mode, r, total);
+      }
     };
-    hooks.bookmark = [&](Position& p) { folder.bookmark(p); };
+    hooks.bookmark = [&](Position& p) {  // a collective: every rank's log size
+      if (root) {
+        folder.bookmark(p);
+      }
+      p.rank_log_bytes = parallel.all_gather(rank_log.flush());
+    };
     hooks.checkpoint_every = checkpoint_every;
     hooks.checkpoint_path = folder.checkpoint();
     const std::string resume_from = resuming && position.step > 0 ? folder.checkpoint() : "";
     for (auto i = position.mode_index; i < static_cast<int64_t>(config.modes.size()); ++i) {
-      folder.finished(
-          train_mode(i, train, test, config, hooks, i == position.mode_index ? resume_from : ""));
+      const ModeSummary done = train_mode(i, train, test, config, hooks,
+                                          i == position.mode_index ? resume_from : "", parallel);
       // Always (it is small): a resumed run never repeats a finished mode.
-      Position next{i + 1, 0, 0, 0};
-      folder.bookmark(next);
-      save_position(folder.checkpoint(), next);
+      Position next{i + 1, 0, 0, 0, {}};
+      if (root) {
+        folder.finished(done);
+      }
+      hooks.bookmark(next);
+      if (root) {
+        save_position(folder.checkpoint(), next);
+      }
+    }
+    if (!root) {
+      return 0;
     }
     const std::vector<ModeSummary> results = folder.summaries();
     print_table(std::cout, results);
@@ -579,6 +720,9 @@ int main(int argc, char** argv) {
   } catch (const DataError& e) {
     std::cerr << "--data: " << e.what() << "\n";
     return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << "\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

@@ -1,6 +1,9 @@
 #include "train.h"
 
 #include <torchamp/autocast.h>
+#if TORCHAMP_WITH_DISTRIBUTED
+#include <torchamp/distributed.h>
+#endif
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
 
@@ -11,6 +14,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -164,6 +168,7 @@ void write_position(torch::serialize::OutputArchive& a, const Position& p) {
   write_int(a, "position/step", p.step);
   write_int(a, "position/metrics_bytes", p.metrics_bytes);
   write_int(a, "position/summary_bytes", p.summary_bytes);
+  a.write("position/rank_log_bytes", c10::IValue(c10::List<int64_t>(p.rank_log_bytes)));
 }
 
 Position read_position(torch::serialize::InputArchive& a) {
@@ -172,6 +177,10 @@ Position read_position(torch::serialize::InputArchive& a) {
   p.step = read_int(a, "position/step");
   p.metrics_bytes = read_int(a, "position/metrics_bytes");
   p.summary_bytes = read_int(a, "position/summary_bytes");
+  c10::IValue logs;
+  if (a.try_read("position/rank_log_bytes", logs)) {  // absent before multi-process runs
+    p.rank_log_bytes = logs.toIntVector();
+  }
   return p;
 }
 
@@ -190,6 +199,40 @@ void save_atomically(torch::serialize::OutputArchive& archive, const std::string
     }
   }
   std::filesystem::rename(tmp, path);
+}
+
+// Test hook TORCHAMP_TRAIN_INJECT_INF="STEP:PARAM[,...]": in the scaled
+// modes, the gradient of parameter PARAM (in net->parameters() order) gets an
+// inf at step STEP, after the gradients are reduced, on every rank that
+// holds that gradient (all of them, except in the sharded mode: its owner).
+std::vector<std::pair<int64_t, size_t>> injected_infs() {
+  std::vector<std::pair<int64_t, size_t>> out;
+  const char* v = std::getenv("TORCHAMP_TRAIN_INJECT_INF");
+  std::stringstream list(v != nullptr ? v : "");
+  for (std::string item; std::getline(list, item, ',');) {
+    const auto colon = item.find(':');
+    if (colon == std::string::npos) {
+      throw std::invalid_argument("TORCHAMP_TRAIN_INJECT_INF: '" + item + "' is not STEP:PARAM");
+    }
+    out.emplace_back(std::stoll(item.substr(0, colon)), std::stoul(item.substr(colon + 1)));
+  }
+  return out;
+}
+
+// Test hook TORCHAMP_TRAIN_KILL_AT_STEP=K: this process kills itself with
+// SIGKILL after its K-th step (counted over all modes it ran).
+void maybe_die_after_step() {
+  static int64_t steps = 0;
+  static const char* k = std::getenv("TORCHAMP_TRAIN_KILL_AT_STEP");
+  if (k != nullptr && ++steps == std::atoll(k)) {
+    std::raise(SIGKILL);
+  }
+}
+
+std::string archive_bytes(torch::serialize::OutputArchive& archive) {
+  std::ostringstream s;
+  archive.save_to(s);
+  return s.str();
 }
 
 // The learning rate of step `step` of `total` on a cosine from `lr` down to 0
@@ -253,7 +296,9 @@ std::map<std::string, std::string> Config::to_map() const {
           {"optimizer", optimizer},
           {"fused", fused ? "1" : "0"},
           {"modes", joined},
-          {"data", data}};
+          {"data", data},
+          {"parallel", parallel},
+          {"world-size", std::to_string(world_size)}};
 }
 
 Config Config::from_map(const std::map<std::string, std::string>& kv) {
@@ -279,6 +324,13 @@ Config Config::from_map(const std::map<std::string, std::string>& kv) {
     c.modes.push_back(m);
   }
   c.data = get("data");
+  // Absent from the config.txt of runs before multi-process training.
+  if (const auto it = kv.find("parallel"); it != kv.end()) {
+    c.parallel = it->second;
+  }
+  if (const auto it = kv.find("world-size"); it != kv.end()) {
+    c.world_size = std::stoi(it->second);
+  }
   return c;
 }
 
@@ -344,7 +396,8 @@ void save_position(const std::string& checkpoint_path, const Position& position)
 }
 
 ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& test,
-                       const Config& config, const Hooks& hooks, const std::string& resume_from) {
+                       const Config& config, const Hooks& hooks, const std::string& resume_from,
+                       const Parallel& parallel) {
   const auto start = std::chrono::steady_clock::now();
   const std::string& mode = config.modes.at(static_cast<size_t>(mode_index));
   const Task& task = find_task(config.task);
@@ -354,6 +407,8 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
   const bool cuda = mode == "cuda-fp16+scaler";
   const bool autocast_bf16 = mode == "bf16+scaler";
   const torch::Device device = cuda ? torch::kCUDA : torch::kCPU;
+  const int rank = parallel.rank();
+  const bool sharded = parallel.sharded();
 
   ModeSummary result;
   result.mode = mode;
@@ -361,13 +416,41 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
 
   const auto net = initial_net(config, task);
   net->to(device);
-  const std::unique_ptr<torch::optim::Optimizer> optimizer_ptr =
-      make_optimizer(net->parameters(), config);
+  const std::vector<at::Tensor> params = net->parameters();
+  // Sharded: this rank's optimizer holds (and steps) only the parameters it owns.
+  std::vector<int> owner(params.size(), rank);
+  if (sharded) {
+    std::vector<int64_t> sizes;
+    for (const auto& p : params) {
+      sizes.push_back(p.numel());
+    }
+    owner = partition(sizes, parallel.world());
+  }
+  std::vector<at::Tensor> mine;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (owner[i] == rank) {
+      mine.push_back(params[i]);
+    }
+  }
+  const std::unique_ptr<torch::optim::Optimizer> optimizer_ptr = make_optimizer(mine, config);
   torch::optim::Optimizer& optimizer = *optimizer_ptr;
   torchamp::GradScaler scaler(torchamp::GradScalerOptions()
                                   .init_scale(config.init_scale)
                                   .growth_interval(config.growth_interval)
                                   .enabled(result.scaled));
+  // What this rank's own gradients said before the group agreed.
+  bool found_inf_here = false;
+#if TORCHAMP_WITH_DISTRIBUTED
+  if (sharded) {
+    // A rank sees only its shard's gradients: without agreement a rank whose
+    // shard overflowed would skip alone and the ranks' scales would part.
+    auto agree = torchamp::all_reduce_found_inf(parallel.group(), parallel.timeout());
+    scaler.set_found_inf_reducer([agree, &found_inf_here](bool found_inf, c10::Device d) {
+      found_inf_here = found_inf_here || found_inf;
+      return agree(found_inf, d);
+    });
+  }
+#endif
 
   const size_t n_act = static_cast<size_t>(task.hidden_layers) + 1;
   Underflow overall;
@@ -389,7 +472,14 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
       torch::serialize::InputArchive model, opt;
       a.read("model", model);
       net->load(model);
-      a.read("optimizer", opt);
+      if (sharded) {
+        at::Tensor bytes;
+        a.read("optimizer_shard/" + std::to_string(rank), bytes);
+        opt.load_from(static_cast<const char*>(bytes.data_ptr()),
+                      static_cast<size_t>(bytes.numel()));
+      } else {
+        a.read("optimizer", opt);
+      }
       optimizer.load(opt);
       if (result.scaled) {
         torch::serialize::InputArchive s;
@@ -399,9 +489,18 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
     }
   }
 
+  // Every rank takes part (the bookmark and the shards' gather are
+  // collectives); rank 0 writes.
   auto checkpoint = [&] {
-    Position p{mode_index, step, 0, 0};
+    Position p{mode_index, step, 0, 0, {}};
     hooks.bookmark(p);
+    torch::serialize::OutputArchive opt;
+    optimizer.save(opt);
+    const std::vector<std::string> shards =
+        sharded ? parallel.gather_to_root(archive_bytes(opt)) : std::vector<std::string>{};
+    if (rank != 0) {
+      return;
+    }
     torch::serialize::OutputArchive a;
     write_position(a, p);
     write_int(a, "counters/skipped", result.skipped);
@@ -414,11 +513,18 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
         a, "times/wall",
         earlier_seconds +
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    torch::serialize::OutputArchive model, opt;
+    torch::serialize::OutputArchive model;
     net->save(model);
     a.write("model", model);
-    optimizer.save(opt);
-    a.write("optimizer", opt);
+    if (sharded) {
+      for (size_t r = 0; r < shards.size(); ++r) {
+        at::Tensor bytes = torch::empty({static_cast<int64_t>(shards[r].size())}, torch::kByte);
+        std::memcpy(bytes.data_ptr(), shards[r].data(), shards[r].size());
+        a.write("optimizer_shard/" + std::to_string(r), bytes);
+      }
+    } else {
+      a.write("optimizer", opt);
+    }
     if (result.scaled) {
       torch::serialize::OutputArchive s;
       s << scaler;
@@ -427,6 +533,14 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
     save_atomically(a, hooks.checkpoint_path);
   };
 
+  const std::vector<std::pair<int64_t, size_t>> infs = injected_infs();
+  for (const auto& inf : infs) {
+    if (inf.second >= params.size()) {
+      throw std::invalid_argument("TORCHAMP_TRAIN_INJECT_INF: no parameter " +
+                                  std::to_string(inf.second) + " (the network has " +
+                                  std::to_string(params.size()) + ")");
+    }
+  }
   const at::Tensor x_train = train.x.to(device), y_train = train.y.to(device);
   const at::Tensor x_test = test.x.to(device), y_test = test.y.to(device);
   auto accuracy = [&](const at::Tensor& x, const at::Tensor& y) {
@@ -443,13 +557,15 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
     const at::Tensor order = torch::randperm(n, gen, torch::kLong).to(device);
     for (int64_t b = step % per_epoch; b < per_epoch; ++b) {
       const auto train_start = std::chrono::steady_clock::now();
-      const at::Tensor idx =
-          order.slice(0, b * config.batch_size, std::min(n, (b + 1) * config.batch_size));
+      const int64_t lo = b * config.batch_size, hi = std::min(n, (b + 1) * config.batch_size);
+      // Data-parallel: this rank's slice of the global batch.
+      const int64_t m = hi - lo, world = parallel.world();
+      const at::Tensor idx = order.slice(0, lo + m * rank / world, lo + m * (rank + 1) / world);
       const at::Tensor x = x_train.index_select(0, idx), y = y_train.index_select(0, idx);
       if (task.cosine) {
         set_lr(optimizer, cosine_lr(config.lr, step, total));
       }
-      optimizer.zero_grad();
+      net->zero_grad();  // not the optimizer's: in the sharded mode it holds only a shard
       std::vector<Underflow> stats(n_act);
       at::Tensor logits;
       {
@@ -465,16 +581,72 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
         }
         logits = net->forward(x, half_storage, &stats);
       }
+      // Each rank's loss is the mean over its slice, as DDP's: its gradients
+      // have the size of the whole batch's, so float16 overflows at about the
+      // same scale as on one process. Weighted by the slice's share of the
+      // batch and summed below, they are the whole batch's mean.
       const at::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y);
+      const double share = static_cast<double>(idx.size(0)) / static_cast<double>(m);
       scaler.scale(loss).backward();
+      // (New tensors each step where zero_grad sets them to none, LibTorch 2.x.)
+      std::vector<at::Tensor> grads;
+      for (const auto& p : params) {
+        grads.push_back(p.grad());
+      }
+      // The gradients, still scaled: summed everywhere (data) or into their owners (sharded).
+      if (parallel.distributed() && share != 1.0) {
+        torch::NoGradGuard no_grad;
+        for (const auto& g : grads) {
+          g.mul_(share);
+        }
+      }
+      if (sharded) {
+        parallel.reduce_to_owners(grads, owner);
+      } else {
+        parallel.all_reduce_sum(grads);
+      }
+      for (const auto& [at_step, index] : infs) {
+        if (at_step == step && result.scaled && owner[index] == rank) {
+          torch::NoGradGuard no_grad;
+          grads[index].view({-1})[0].fill_(std::numeric_limits<float>::infinity());
+        }
+      }
+      found_inf_here = false;
       const auto step_start = std::chrono::steady_clock::now();
-      if (!scaler.step(optimizer).has_value()) {
+      const bool skipped_now = !scaler.step(optimizer).has_value();
+      if (skipped_now) {
         ++result.skipped;
       }
       step_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
       if (result.scaled) {
         scaler.update();
+      }
+      if (sharded && !skipped_now) {
+        // Every rank skipped or none did; after a step each owner sends its parameters.
+        torch::NoGradGuard no_grad;
+        parallel.broadcast_from_owners(params, owner);
+      }
+      // The step's loss and underflow counts over all ranks.
+      double loss_value = loss.item<double>() * share;
+      if (parallel.distributed()) {
+        std::vector<at::Tensor> sums = {
+            torch::empty({1 + 3 * static_cast<int64_t>(n_act)}, torch::kDouble)};
+        auto* v = sums.front().data_ptr<double>();
+        v[0] = loss_value;
+        for (size_t l = 0; l < n_act; ++l) {
+          v[1 + 3 * l] = static_cast<double>(stats[l].total);
+          v[2 + 3 * l] = static_cast<double>(stats[l].flushed);
+          v[3 + 3 * l] = static_cast<double>(stats[l].subnormal);
+        }
+        parallel.all_reduce_sum(sums);
+        v = sums.front().data_ptr<double>();
+        loss_value = v[0];
+        for (size_t l = 0; l < n_act; ++l) {
+          stats[l].total = static_cast<int64_t>(v[1 + 3 * l]);
+          stats[l].flushed = static_cast<int64_t>(v[2 + 3 * l]);
+          stats[l].subnormal = static_cast<int64_t>(v[3 + 3 * l]);
+        }
       }
       train_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
@@ -490,19 +662,22 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
       StepRecord rec{
           step - 1,
           epoch,
-          loss.item<double>(),
+          loss_value,
           scaler.get_scale(),
           result.skipped,
           all.fraction(all.flushed),
           all.fraction(all.subnormal),
           epoch_end ? accuracy(x_test, y_test) : std::numeric_limits<double>::quiet_NaN(),
-          std::move(layers)};
+          std::move(layers),
+          skipped_now,
+          sharded ? found_inf_here : skipped_now};
       if (hooks.step) {
         hooks.step(mode, rec, total);
       }
       if (hooks.checkpoint_every > 0 && step % hooks.checkpoint_every == 0 && step < total) {
         checkpoint();
       }
+      maybe_die_after_step();
     }
   }
 

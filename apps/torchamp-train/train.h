@@ -5,6 +5,7 @@
 // checkpoint.
 
 #include "data.h"
+#include "parallel.h"
 
 #include <cstdint>
 #include <functional>
@@ -46,6 +47,8 @@ struct Config {
   bool fused = false;            // torchamp::optim's fused optimizer instead of LibTorch's
   std::vector<std::string> modes;
   std::string data;
+  std::string parallel = "none";  // "data" or "sharded" on more than one process
+  int world_size = 1;             // processes (torchrun's WORLD_SIZE)
 
   /// The settings as key=value pairs (what a run folder's config.txt holds
   /// and what --resume compares), and back.
@@ -64,6 +67,8 @@ struct StepRecord {
   double subnormal;      // ... and subnormal in float16
   double test_accuracy;  // after the epoch's last step; NaN on other steps
   std::vector<double> layer_underflow;  // `underflow` per activation, input side first
+  bool skipped_here = false;            // the scaler skipped this step
+  bool found_inf_here = false;          // this rank's own gradients held an inf/NaN
 };
 
 /// What the table shows of one finished mode.
@@ -101,6 +106,7 @@ struct Position {
   int64_t step = 0;           // steps done in that mode; 0 = start it afresh
   int64_t metrics_bytes = 0;  // metrics.csv's and summary.csv's sizes at the checkpoint
   int64_t summary_bytes = 0;
+  std::vector<int64_t> rank_log_bytes;  // each rank's own log (ranks/rank<r>.csv)
 };
 
 /// What train_mode reports and asks for along the way.
@@ -127,7 +133,10 @@ void save_position(const std::string& checkpoint_path, const Position& position)
 /// Trains mode `config.modes[mode_index]`; from the checkpoint at
 /// `resume_from` when that is non-empty and holds a position inside this
 /// mode (its model, optimizer, scaler and counters), else from the start.
+/// On more than one process every rank calls it (the hooks too: a bookmark
+/// is a collective); rank 0 alone writes checkpoints.
 ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& test,
-                       const Config& config, const Hooks& hooks, const std::string& resume_from);
+                       const Config& config, const Hooks& hooks, const std::string& resume_from,
+                       const Parallel& parallel);
 
 }  // namespace torchamp_train

@@ -1,0 +1,281 @@
+#include "parallel.h"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+namespace torchamp_train {
+namespace {
+
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    return fallback;
+  }
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n < lo || n > hi) {
+    throw std::invalid_argument(std::string(name) + "=" + v + " is not an integer in [" +
+                                std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+LaunchEnv LaunchEnv::from_environment() {
+  LaunchEnv e;
+  e.world = env_int("WORLD_SIZE", 1, 1, 1 << 20);
+  e.rank = env_int("RANK", 0, 0, e.world - 1);
+  e.local_rank = env_int("LOCAL_RANK", e.rank, 0, 1 << 20);
+  if (const char* a = std::getenv("MASTER_ADDR"); a != nullptr && *a != '\0') {
+    e.master_addr = a;
+  }
+  e.master_port = env_int("MASTER_PORT", 0, 0, 65535);
+  if (e.world > 1 && e.master_port == 0) {
+    throw std::invalid_argument("WORLD_SIZE=" + std::to_string(e.world) +
+                                " but no MASTER_PORT: launch with torchrun, or set RANK, "
+                                "WORLD_SIZE, MASTER_ADDR and MASTER_PORT");
+  }
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  e.agent_store = agent != nullptr && std::string(agent) == "True";
+  return e;
+}
+
+std::vector<int> partition(const std::vector<int64_t>& sizes, int world) {
+  std::vector<int64_t> load(static_cast<size_t>(world), 0);
+  std::vector<int> owner;
+  owner.reserve(sizes.size());
+  for (const int64_t n : sizes) {
+    const auto r = std::min_element(load.begin(), load.end()) - load.begin();
+    load[static_cast<size_t>(r)] += n;
+    owner.push_back(static_cast<int>(r));
+  }
+  return owner;
+}
+
+#if TORCHAMP_WITH_DISTRIBUTED
+
+struct Parallel::Impl {
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+};
+
+namespace {
+
+// What a failed collective says, without LibTorch's backtrace.
+std::string cause(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) {
+    return c->what_without_backtrace();
+  }
+  return e.what();
+}
+
+// Runs one collective and waits for it, at most `timeout`; a failure (a rank
+// died, the group timed out) becomes one error naming this rank and the step.
+template <class Start>
+void collective(const Parallel& p, const char* what, Start start) {
+  try {
+    auto work = start();
+    work->wait(p.timeout());
+  } catch (const std::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(p.rank()) + " of " +
+                             std::to_string(p.world()) + ": the " + what +
+                             " over the process group failed (another rank died, or did not "
+                             "arrive within " +
+                             std::to_string(p.timeout().count() / 1000) + " s): " + cause(e));
+  }
+}
+
+// Splits `index` (positions into `tensors`) into runs of at most
+// kBucketElements elements; each run is one flat bucket.
+std::vector<std::vector<size_t>> buckets(const std::vector<at::Tensor>& tensors,
+                                         const std::vector<size_t>& index) {
+  std::vector<std::vector<size_t>> out;
+  int64_t filled = Parallel::kBucketElements;
+  for (const size_t i : index) {
+    const int64_t n = tensors[i].numel();
+    if (filled + n > Parallel::kBucketElements && filled > 0) {
+      out.emplace_back();
+      filled = 0;
+    }
+    out.back().push_back(i);
+    filled += n;
+  }
+  return out;
+}
+
+at::Tensor flatten(const std::vector<at::Tensor>& tensors, const std::vector<size_t>& bucket) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(bucket.size());
+  for (const size_t i : bucket) {
+    flat.push_back(tensors[i].reshape({-1}));
+  }
+  return at::cat(flat);
+}
+
+void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& tensors,
+               const std::vector<size_t>& bucket) {
+  int64_t offset = 0;
+  for (const size_t i : bucket) {
+    const at::Tensor& t = tensors[i];
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+std::vector<size_t> owned_by(const std::vector<int>& owner, int rank) {
+  std::vector<size_t> index;
+  for (size_t i = 0; i < owner.size(); ++i) {
+    if (owner[i] == rank) {
+      index.push_back(i);
+    }
+  }
+  return index;
+}
+
+}  // namespace
+
+Parallel::Parallel(c10::intrusive_ptr<c10d::ProcessGroup> group, std::string mode,
+                   std::chrono::milliseconds timeout)
+    : impl_(std::make_shared<Impl>(Impl{group})),
+      rank_(group->getRank()),
+      world_(group->getSize()),
+      mode_(std::move(mode)),
+      timeout_(timeout) {
+  TORCH_CHECK_VALUE(mode_ == "data" || mode_ == "sharded", "--parallel: unknown mode '", mode_,
+                    "' (data or sharded)");
+}
+
+const c10::intrusive_ptr<c10d::ProcessGroup>& Parallel::group() const {
+  return impl_->group;
+}
+
+void Parallel::all_reduce_sum(const std::vector<at::Tensor>& tensors) const {
+  if (!distributed()) {
+    return;
+  }
+  std::vector<size_t> all(tensors.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    all[i] = i;
+  }
+  for (const auto& bucket : buckets(tensors, all)) {
+    std::vector<at::Tensor> flat = {flatten(tensors, bucket)};
+    collective(*this, "gradient all-reduce", [&] {
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = c10d::ReduceOp::SUM;
+      opts.timeout = timeout_;
+      return impl_->group->allreduce(flat, opts);
+    });
+    unflatten(flat.front(), tensors, bucket);
+  }
+}
+
+void Parallel::reduce_to_owners(const std::vector<at::Tensor>& tensors,
+                                const std::vector<int>& owner) const {
+  if (!distributed()) {
+    return;
+  }
+  for (int r = 0; r < world_; ++r) {
+    for (const auto& bucket : buckets(tensors, owned_by(owner, r))) {
+      std::vector<at::Tensor> flat = {flatten(tensors, bucket)};
+      collective(*this, "gradient reduce", [&] {
+        c10d::ReduceOptions opts;
+        opts.reduceOp = c10d::ReduceOp::SUM;
+        opts.rootRank = r;
+        opts.timeout = timeout_;
+        return impl_->group->reduce(flat, opts);
+      });
+      if (r == rank_) {
+        unflatten(flat.front(), tensors, bucket);
+      }
+    }
+  }
+}
+
+void Parallel::broadcast_from_owners(const std::vector<at::Tensor>& tensors,
+                                     const std::vector<int>& owner) const {
+  if (!distributed()) {
+    return;
+  }
+  for (int r = 0; r < world_; ++r) {
+    for (const auto& bucket : buckets(tensors, owned_by(owner, r))) {
+      std::vector<at::Tensor> flat = {flatten(tensors, bucket)};
+      collective(*this, "parameter broadcast", [&] {
+        c10d::BroadcastOptions opts;
+        opts.rootRank = r;
+        opts.timeout = timeout_;
+        return impl_->group->broadcast(flat, opts);
+      });
+      if (r != rank_) {
+        unflatten(flat.front(), tensors, bucket);
+      }
+    }
+  }
+}
+
+std::vector<int64_t> Parallel::all_gather(int64_t value) const {
+  if (!distributed()) {
+    return {value};
+  }
+  // A sum of one-hot slots: every collective backend has all-reduce.
+  std::vector<at::Tensor> slots = {at::zeros({world_}, at::kLong)};
+  slots.front()[rank_] = value;
+  collective(*this, "all-gather", [&] {
+    c10d::AllreduceOptions opts;
+    opts.timeout = timeout_;
+    return impl_->group->allreduce(slots, opts);
+  });
+  const at::Tensor s = slots.front();
+  return std::vector<int64_t>(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + world_);
+}
+
+std::vector<std::string> Parallel::gather_to_root(const std::string& bytes) const {
+  if (!distributed()) {
+    return {bytes};
+  }
+  const std::vector<int64_t> sizes = all_gather(static_cast<int64_t>(bytes.size()));
+  std::vector<std::string> out;
+  if (rank_ == 0) {
+    out.push_back(bytes);
+  }
+  for (int r = 1; r < world_; ++r) {
+    std::vector<at::Tensor> buf = {at::empty({sizes[static_cast<size_t>(r)]}, at::kByte)};
+    if (r == rank_) {
+      std::memcpy(buf.front().data_ptr(), bytes.data(), bytes.size());
+    }
+    collective(*this, "checkpoint gather", [&] {
+      c10d::BroadcastOptions opts;
+      opts.rootRank = r;
+      opts.timeout = timeout_;
+      return impl_->group->broadcast(buf, opts);
+    });
+    if (rank_ == 0) {
+      out.emplace_back(static_cast<const char*>(buf.front().data_ptr()),
+                       static_cast<size_t>(sizes[static_cast<size_t>(r)]));
+    }
+  }
+  return out;
+}
+
+#else  // a LibTorch without c10d: one process only
+
+void Parallel::all_reduce_sum(const std::vector<at::Tensor>&) const {}
+void Parallel::reduce_to_owners(const std::vector<at::Tensor>&, const std::vector<int>&) const {}
+void Parallel::broadcast_from_owners(const std::vector<at::Tensor>&,
+                                     const std::vector<int>&) const {}
+std::vector<int64_t> Parallel::all_gather(int64_t value) const {
+  return {value};
+}
+std::vector<std::string> Parallel::gather_to_root(const std::string& bytes) const {
+  return {bytes};
+}
+
+#endif
+
+}  // namespace torchamp_train

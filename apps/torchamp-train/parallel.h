@@ -1,0 +1,118 @@
+#pragma once
+
+// torchamp-train on more than one process: where this process stands (from
+// torchrun's environment) and the collectives a training step needs over a
+// c10d process group. LibTorch has no C++ DistributedDataParallel; this is
+// the by-hand version a C++ user writes:
+//
+//   data     every rank takes its slice of each global batch; the (still
+//            scaled) gradients are summed over the ranks in flat buckets;
+//            every rank then holds the same gradients and steps the whole
+//            model, so the scaler decides the same everywhere alone.
+//   sharded  ZeRO-1: each parameter belongs to one rank, which alone keeps
+//            its optimizer state and steps it. Gradients are summed into
+//            their owner (a reduce per owner's bucket), so a rank sees only
+//            its shard's gradients; torchamp::set_process_group makes the
+//            scaler agree on found-inf over the group, and the owners then
+//            broadcast the stepped parameters.
+
+#include <ATen/core/Tensor.h>
+
+#if TORCHAMP_WITH_DISTRIBUTED
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torchamp_train {
+
+/// What torchrun (or whoever starts the processes) says about this one:
+/// RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and whether
+/// torchrun's agent already hosts a store there (TORCHELASTIC_USE_AGENT_STORE).
+struct LaunchEnv {
+  int rank = 0;
+  int world = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  bool agent_store = false;
+  /// Reads the variables; throws std::invalid_argument naming a malformed
+  /// one. Without WORLD_SIZE: one process.
+  static LaunchEnv from_environment();
+};
+
+/// One process, or one rank of a c10d process group with its mode ("data"
+/// or "sharded") and the time any collective may take.
+class Parallel {
+ public:
+  Parallel() = default;  // one process: every collective is a no-op
+#if TORCHAMP_WITH_DISTRIBUTED
+  Parallel(c10::intrusive_ptr<c10d::ProcessGroup> group, std::string mode,
+           std::chrono::milliseconds timeout);
+  const c10::intrusive_ptr<c10d::ProcessGroup>& group() const;
+#endif
+
+  int rank() const {
+    return rank_;
+  }
+  int world() const {
+    return world_;
+  }
+  bool distributed() const {
+    return world_ > 1;
+  }
+  bool sharded() const {
+    return distributed() && mode_ == "sharded";
+  }
+  const std::string& mode() const {
+    return mode_;
+  }
+  std::chrono::milliseconds timeout() const {
+    return timeout_;
+  }
+
+  /// Sums the tensors (float32, contiguous) over the ranks, in place, as
+  /// flat buckets of at most kBucketElements.
+  void all_reduce_sum(const std::vector<at::Tensor>& tensors) const;
+  /// Sums tensor i over the ranks into its owner `owner[i]` (one reduce per
+  /// owner's bucket); on the other ranks it keeps its local value.
+  void reduce_to_owners(const std::vector<at::Tensor>& tensors,
+                        const std::vector<int>& owner) const;
+  /// Copies tensor i from rank `owner[i]` to every rank.
+  void broadcast_from_owners(const std::vector<at::Tensor>& tensors,
+                             const std::vector<int>& owner) const;
+  /// Every rank's `value`, on every rank.
+  std::vector<int64_t> all_gather(int64_t value) const;
+  /// Every rank's `bytes`, on rank 0 (empty elsewhere).
+  std::vector<std::string> gather_to_root(const std::string& bytes) const;
+
+  static constexpr int64_t kBucketElements = 1 << 20;  // 4 MB of float32
+
+ private:
+  struct Impl;
+  std::shared_ptr<const Impl> impl_;
+  int rank_ = 0;
+  int world_ = 1;
+  std::string mode_ = "none";
+  std::chrono::milliseconds timeout_{0};
+};
+
+/// The owner of each of `sizes` (numbers of elements) among `world` ranks:
+/// in order, each to the least loaded rank so far (the lowest on a tie).
+std::vector<int> partition(const std::vector<int64_t>& sizes, int world);
+
+/// Forms the process group of a multi-process run; null where this build
+/// cannot (then torchamp-train says how to launch instead).
+using GroupMaker = std::function<Parallel(const LaunchEnv&, const std::string& mode,
+                                          std::chrono::milliseconds timeout)>;
+
+/// The program (main.cpp): options, run folder, modes, table and plots, on
+/// the ranks `make_group` forms when WORLD_SIZE > 1. Returns the exit code.
+int run(int argc, char** argv, const GroupMaker& make_group);
+
+}  // namespace torchamp_train
