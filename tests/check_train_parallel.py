@@ -1,0 +1,239 @@
+"""torchamp-train on several processes over a real Gloo group on loopback.
+
+    check_train_parallel.py APP WORK [TORCHRUN]
+
+APP is torchamp-train (a build with Gloo's C++ headers) or torchamp-train-py
+(a wheel build: Python forms the group). Each rank is a process started with
+torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); with
+TORCHRUN, torchrun itself also launches it. Checks:
+
+1. data-parallel on 2 and 3 processes = the 1-process run with the same
+   global batch: the same scale history and skipped steps, losses within the
+   precision's rounding, with two injected overflows;
+2. sharded optimizer = data-parallel on the same processes, with overflows
+   that only one rank's shard sees (natural ones from a huge initial scale,
+   and an injected one): every rank skips together, and the rank logs show
+   that only the owner saw the injected inf;
+3. a rank killed mid-run: the others fail within the timeout naming the
+   collective; --resume on all ranks then ends byte-identical to an
+   uninterrupted run; a stopped rank: the others fail after --timeout;
+4. bad launches fail with exit 2 and say why.
+"""
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+APP, WORK = sys.argv[1], sys.argv[2]
+TORCHRUN = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None
+os.makedirs(WORK, exist_ok=True)
+failures = []
+
+
+def check(ok, what):
+    print(("ok    " if ok else "FAIL  ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def free_port():
+    # Two in a row: torchamp-train's own store takes MASTER_PORT + 1 under torchrun.
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two free ports in a row")
+
+
+def launch(world, args, name, rank_env=None, timeout=240, on_start=None):
+    """Starts `world` ranks of APP; returns [(rc, output, seconds)] by rank."""
+    port = free_port()
+    procs, logs = [], []
+    start = time.monotonic()
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if world == 1:
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+                env.pop(k)
+        env.update((rank_env or {}).get(r, {}))
+        log = open(os.path.join(WORK, f"{name}.rank{r}.log"), "w+")
+        procs.append(subprocess.Popen([APP] + args, stdout=log, stderr=subprocess.STDOUT, env=env))
+        logs.append(log)
+    if on_start:
+        on_start(procs)
+    results = []
+    for p, log in zip(procs, logs):
+        try:
+            rc = p.wait(timeout=max(1, timeout - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = "hung"
+        elapsed = time.monotonic() - start
+        log.seek(0)
+        results.append((rc, log.read(), elapsed))
+        log.close()
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    return results
+
+
+def all_ok(results, what):
+    bad = [(r, rc, out[-1500:]) for r, (rc, out, _) in enumerate(results) if rc != 0]
+    check(not bad, what + ("" if not bad else f": {bad}"))
+    return not bad
+
+
+def rows(folder, name="metrics.csv"):
+    with open(os.path.join(WORK, folder, name)) as f:
+        return list(csv.DictReader(f))
+
+
+# |loss difference| allowed: the precision's own rounding (its machine epsilon).
+TOLERANCE = {"fp32": 1e-5, "fp16": 1e-3, "fp16+scaler": 1e-3, "bf16+scaler": 8e-3}
+
+
+def same_run(a, b, what):
+    ra, rb = rows(a), rows(b)
+    if len(ra) != len(rb):
+        check(False, f"{what}: {len(ra)} vs {len(rb)} steps")
+        return
+    differ = [(x["mode"], x["step"], x["scale"], x["skipped"], y["scale"], y["skipped"])
+              for x, y in zip(ra, rb)
+              if (x["mode"], x["step"], x["scale"], x["skipped"]) !=
+              (y["mode"], y["step"], y["scale"], y["skipped"])]
+    worst = {}
+    for x, y in zip(ra, rb):
+        d = abs(float(x["loss"]) - float(y["loss"]))
+        worst[x["mode"]] = max(worst.get(x["mode"], 0.0), d)
+    too_far = {m: d for m, d in worst.items() if d > TOLERANCE[m]}
+    skips = sum(1 for i, x in enumerate(ra)
+                if x["skipped"] != (ra[i - 1]["skipped"] if i and ra[i - 1]["mode"] == x["mode"]
+                                    else "0"))
+    check(not differ and not too_far,
+          f"{what}: {len(ra)} steps, the same scales and skipped steps ({skips} skipped), "
+          f"largest loss difference per mode {worst}" +
+          (f"; DIFFER at {differ[:3]}" if differ else "") +
+          (f"; beyond {TOLERANCE}" if too_far else ""))
+
+
+OWNED_BY_LAST = 2  # fc1.weight: on 2 and 3 ranks its owner is the last rank
+
+# 1. Data-parallel = one process (scales that stay clear of float16's overflow
+#    threshold: near it, a rank's slice can overflow where the whole batch does
+#    not, and the other way round; test 2 covers natural overflows).
+equal = ["--modes", "fp32,fp16+scaler,bf16+scaler", "--epochs", "3", "--init-scale", "256",
+         "--growth-interval", "4", "--timeout", "60"]
+inject = {"TORCHAMP_TRAIN_INJECT_INF": "10:2,20:13"}
+all_ok(launch(1, equal + ["--out", os.path.join(WORK, "single")], "single",
+              {0: inject}), "1 process")
+for n in (2, 3):
+    all_ok(launch(n, equal + ["--out", os.path.join(WORK, f"data{n}")], f"data{n}",
+                  {r: inject for r in range(n)}), f"data-parallel on {n} processes")
+    same_run("single", f"data{n}", f"data-parallel on {n} = 1 process")
+
+# 2. Sharded = data-parallel, with overflows that one shard alone sees.
+natural = ["--modes", "fp16+scaler,bf16+scaler", "--epochs", "3", "--init-scale", "1e9",
+           "--growth-interval", "5", "--timeout", "60"]
+inject = {"TORCHAMP_TRAIN_INJECT_INF": f"20:{OWNED_BY_LAST}"}
+for n in (2, 3):
+    for mode in ("data", "sharded"):
+        all_ok(launch(n, natural + ["--parallel", mode, "--out", os.path.join(WORK, f"n{mode}{n}")],
+                      f"n{mode}{n}", {r: inject for r in range(n)}),
+               f"{mode} on {n} processes, initial scale 1e9")
+    same_run(f"ndata{n}", f"nsharded{n}", f"sharded = data-parallel on {n}")
+    logs = [rows(f"nsharded{n}", f"ranks/rank{r}.csv") for r in range(n)]
+    together = all(len({lg[i]["skipped"] for lg in logs}) == 1 for i in range(len(logs[0])))
+    alone = [i for i in range(len(logs[0]))
+             if logs[0][i]["skipped"] == "1" and not all(lg[i]["found_inf_here"] == "1" for lg in logs)]
+    injected = [[lg[i]["found_inf_here"] for lg in logs] for i in range(len(logs[0]))
+                if logs[0][i]["step"] == "20"]
+    expected = ["0"] * (n - 1) + ["1"]
+    check(together and alone and all(x == expected for x in injected),
+          f"sharded on {n}: every rank skips together; {len(alone)} skipped steps had an inf on "
+          f"some ranks only; at the injected step (both modes) found_inf per rank {injected}")
+
+# 3. A rank killed mid-run; then resume. A stopped rank.
+fault = ["--modes", "fp16+scaler,bf16+scaler", "--epochs", "6", "--init-scale", "1e9",
+         "--growth-interval", "5", "--parallel", "sharded", "--checkpoint-every", "5"]
+all_ok(launch(3, fault + ["--timeout", "60", "--out", os.path.join(WORK, "whole")], "whole"),
+       "sharded on 3, uninterrupted")
+killed = launch(3, fault + ["--timeout", "20", "--out", os.path.join(WORK, "killed")], "killed",
+                {2: {"TORCHAMP_TRAIN_KILL_AT_STEP": "30"}})
+survivors = killed[:2]
+check(killed[2][0] == -signal.SIGKILL and
+      all(rc == 1 and f"rank {r} of 3: the " in out and "over the process group failed" in out
+          for r, (rc, out, _) in enumerate(survivors)) and
+      all(t < 20 + 15 for _, _, t in survivors),
+      "rank 2 killed at its step 30: ranks 0 and 1 exit 1 in " +
+      ", ".join(f"{t:.1f} s" for _, _, t in survivors) + " naming the failed collective: " +
+      repr([out.strip().splitlines()[-1][:160] for _, out, _ in survivors]))
+if all_ok(launch(3, ["--resume", os.path.join(WORK, "killed")], "resumed"), "--resume on 3"):
+    same = all(open(os.path.join(WORK, "whole", f)).read() ==
+               open(os.path.join(WORK, "killed", f)).read()
+               for f in ["metrics.csv"] + [f"ranks/rank{r}.csv" for r in range(3)])
+    check(same, "resumed run: metrics.csv and the 3 rank logs byte-identical to the "
+                "uninterrupted run's")
+
+
+def stop_rank_1(procs):
+    log = os.path.join(WORK, "stopped", "ranks", "rank1.csv")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if os.path.exists(log) and sum(1 for _ in open(log)) > 3:
+            break
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGSTOP)
+    procs[0].wait(timeout=60)
+    procs[1].kill()
+
+
+stopped = launch(2, ["--modes", "fp32", "--epochs", "1000", "--timeout", "3", "--out",
+                     os.path.join(WORK, "stopped")], "stopped", on_start=stop_rank_1)
+rc, out, t = stopped[0]
+check(rc == 1 and "did not arrive within 3 s" in out,
+      f"rank 1 stopped (SIGSTOP): rank 0 exits {rc} after {t:.1f} s: " +
+      repr(out.strip().splitlines()[-1][:200] if out.strip() else ""))
+
+# 4. Launches that cannot work.
+env = dict(os.environ, WORLD_SIZE="2", RANK="0")
+env.pop("MASTER_PORT", None)
+p = subprocess.run([APP, "--out", os.path.join(WORK, "bad")], env=env, capture_output=True,
+                   text=True, timeout=60)
+check(p.returncode == 2 and "MASTER_PORT" in p.stderr, f"no MASTER_PORT: exit {p.returncode}, "
+      f"{p.stderr.strip()[:120]!r}")
+bad = launch(2, ["--out", os.path.join(WORK, "bad"), "--batch-size", "1"], "bad-batch")
+check(all(rc == 2 and "--batch-size" in out for rc, out, _ in bad),
+      "--batch-size 1 on 2 processes: exit 2 " + repr(bad[0][1].strip()[:120]))
+bad = launch(2, ["--resume", os.path.join(WORK, "killed")], "bad-resume")
+check(all(rc == 2 and "ran on 3 process" in out for rc, out, _ in bad),
+      "--resume of a 3-process run on 2: exit 2 " + repr(bad[0][1].strip()[:140]))
+
+# 5. torchrun launches it.
+if TORCHRUN:
+    for n, mode in ((2, "data"), (3, "sharded")):
+        out = os.path.join(WORK, f"torchrun-{mode}")
+        cmd = [TORCHRUN, "--nproc-per-node", str(n), "--no-python", APP, "--epochs", "1",
+               "--modes", "fp16+scaler", "--parallel", mode, "--out", out]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(k, None)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        ok = p.returncode == 0 and os.path.exists(os.path.join(out, "metrics.csv"))
+        n_logs = len(os.listdir(os.path.join(out, "ranks"))) if ok else 0
+        check(ok and n_logs == n and len(rows(out, "metrics.csv")) == 12,
+              f"torchrun --nproc-per-node {n} --no-python {os.path.basename(APP)} --parallel "
+              f"{mode}: exit {p.returncode}, {n_logs} rank logs" +
+              ("" if ok else "\n" + p.stdout[-2000:] + p.stderr[-3000:]))
+
+print(f"{len(failures)} failed" if failures else "all passed")
+sys.exit(1 if failures else 0)
