@@ -617,6 +617,13 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
     }
     const Dataset all = load_digits(config.data);
     const auto [train, test] = split(all, 0.2, config.seed);
+    // The collectives run on CPU tensors over Gloo; NCCL is not wired up.
+    if (env.world > 1 && std::find(config.modes.begin(), config.modes.end(), "cuda-fp16+scaler") !=
+                             config.modes.end()) {
+      std::cerr << "--modes: cuda-fp16+scaler runs on one process only (several processes "
+                   "train on the CPU over Gloo; NCCL is not supported yet)\n";
+      return 2;
+    }
     // Every rank needs a row of every batch.
     const int64_t last_batch = train.x.size(0) % config.batch_size;
     if (config.batch_size < env.world || (last_batch != 0 && last_batch < env.world)) {
