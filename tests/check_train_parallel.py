@@ -1,6 +1,6 @@
 """torchamp-train on several processes over a real Gloo group on loopback.
 
-    check_train_parallel.py APP WORK [TORCHRUN]
+    check_train_parallel.py APP WORK [TORCHRUN [README]]
 
 APP is torchamp-train (a build with Gloo's C++ headers) or torchamp-train-py
 (a wheel build: Python forms the group). Each rank is a process started with
@@ -17,10 +17,13 @@ TORCHRUN, torchrun itself also launches it. Checks:
 3. a rank killed mid-run: the others fail within the timeout naming the
    collective; --resume on all ranks then ends byte-identical to an
    uninterrupted run; a stopped rank: the others fail after --timeout;
-4. bad launches fail with exit 2 and say why.
+4. bad launches fail with exit 2 and say why;
+5. with TORCHRUN: torchrun --no-python launches both modes;
+6. with README: its torchrun commands for this build run as written.
 """
 import csv
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,7 +32,8 @@ import time
 
 APP, WORK = sys.argv[1], sys.argv[2]
 TORCHRUN = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None
-os.makedirs(WORK, exist_ok=True)
+shutil.rmtree(WORK, ignore_errors=True)  # an earlier run's logs would mislead the checks
+os.makedirs(WORK)
 failures = []
 
 
@@ -234,6 +238,34 @@ if TORCHRUN:
               f"torchrun --nproc-per-node {n} --no-python {os.path.basename(APP)} --parallel "
               f"{mode}: exit {p.returncode}, {n_logs} rank logs" +
               ("" if ok else "\n" + p.stdout[-2000:] + p.stderr[-3000:]))
+
+# 6. The README's torchrun commands for this build, as written (from the
+#    repository root; only --out goes to the test's folder, --epochs to 1).
+README = sys.argv[4] if len(sys.argv) > 4 else None
+if README:
+    root = os.path.dirname(os.path.abspath(README))
+    text = open(README).read().replace("\\\n", " ")
+    ran = 0
+    for line in text.splitlines():
+        words = line.split()
+        if not words or not words[0].endswith("/torchrun") or "--no-python" not in words:
+            continue
+        program = words[words.index("--no-python") + 1]
+        if os.path.realpath(os.path.join(root, program)) != os.path.realpath(APP):
+            continue
+        cmd = words[:words.index("#")] if "#" in words else words
+        out = os.path.join(WORK, f"readme-{ran}")
+        cmd[cmd.index("--out") + 1] = out
+        cmd[cmd.index("--epochs") + 1] = "1"
+        env = dict(os.environ)
+        for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(k, None)
+        p = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env)
+        check(p.returncode == 0 and os.path.exists(os.path.join(out, "summary.csv")),
+              f"README: {' '.join(words)}: exit {p.returncode}" +
+              ("" if p.returncode == 0 else "\n" + p.stdout[-2000:] + p.stderr[-3000:]))
+        ran += 1
+    check(ran > 0, f"README has {ran} torchrun commands for {APP}")
 
 print(f"{len(failures)} failed" if failures else "all passed")
 sys.exit(1 if failures else 0)
