@@ -139,6 +139,25 @@ std::vector<size_t> owned_by(const std::vector<int>& owner, int rank) {
   return index;
 }
 
+// One collective rooted at each owner per bucket of its tensors; the result
+// is kept by the owner (`into_owner`: a reduce) or by the others (a broadcast).
+template <class Start>
+void per_owner(const Parallel& p, const std::vector<at::Tensor>& tensors,
+               const std::vector<int>& owner, const char* what, bool into_owner, Start start) {
+  if (!p.distributed()) {
+    return;
+  }
+  for (int r = 0; r < p.world(); ++r) {
+    for (const auto& bucket : buckets(tensors, owned_by(owner, r))) {
+      std::vector<at::Tensor> flat = {flatten(tensors, bucket)};
+      collective(p, what, [&] { return start(flat, r); });
+      if ((r == p.rank()) == into_owner) {
+        unflatten(flat.front(), tensors, bucket);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Parallel::Parallel(c10::intrusive_ptr<c10d::ProcessGroup> group, std::string mode,
@@ -178,45 +197,25 @@ void Parallel::all_reduce_sum(const std::vector<at::Tensor>& tensors) const {
 
 void Parallel::reduce_to_owners(const std::vector<at::Tensor>& tensors,
                                 const std::vector<int>& owner) const {
-  if (!distributed()) {
-    return;
-  }
-  for (int r = 0; r < world_; ++r) {
-    for (const auto& bucket : buckets(tensors, owned_by(owner, r))) {
-      std::vector<at::Tensor> flat = {flatten(tensors, bucket)};
-      collective(*this, "gradient reduce", [&] {
-        c10d::ReduceOptions opts;
-        opts.reduceOp = c10d::ReduceOp::SUM;
-        opts.rootRank = r;
-        opts.timeout = timeout_;
-        return impl_->group->reduce(flat, opts);
-      });
-      if (r == rank_) {
-        unflatten(flat.front(), tensors, bucket);
-      }
-    }
-  }
+  per_owner(*this, tensors, owner, "gradient reduce", true,
+            [&](std::vector<at::Tensor>& flat, int root) {
+              c10d::ReduceOptions opts;
+              opts.reduceOp = c10d::ReduceOp::SUM;
+              opts.rootRank = root;
+              opts.timeout = timeout_;
+              return impl_->group->reduce(flat, opts);
+            });
 }
 
 void Parallel::broadcast_from_owners(const std::vector<at::Tensor>& tensors,
                                      const std::vector<int>& owner) const {
-  if (!distributed()) {
-    return;
-  }
-  for (int r = 0; r < world_; ++r) {
-    for (const auto& bucket : buckets(tensors, owned_by(owner, r))) {
-      std::vector<at::Tensor> flat = {flatten(tensors, bucket)};
-      collective(*this, "parameter broadcast", [&] {
-        c10d::BroadcastOptions opts;
-        opts.rootRank = r;
-        opts.timeout = timeout_;
-        return impl_->group->broadcast(flat, opts);
-      });
-      if (r != rank_) {
-        unflatten(flat.front(), tensors, bucket);
-      }
-    }
-  }
+  per_owner(*this, tensors, owner, "parameter broadcast", false,
+            [&](std::vector<at::Tensor>& flat, int root) {
+              c10d::BroadcastOptions opts;
+              opts.rootRank = root;
+              opts.timeout = timeout_;
+              return impl_->group->broadcast(flat, opts);
+            });
 }
 
 std::vector<int64_t> Parallel::all_gather(int64_t value) const {
