@@ -166,6 +166,14 @@ for n in (2, 3):
           f"sharded on {n}: every rank skips together; {len(alone)} skipped steps had an inf on "
           f"some ranks only; at the injected step (both modes) found_inf per rank {injected}")
 
+# ... and with torchamp's fused SGD (momentum state sharded), checkpointing.
+fused = natural + ["--fused", "--optimizer", "sgd", "--checkpoint-every", "7"]
+for mode in ("data", "sharded"):
+    all_ok(launch(3, fused + ["--parallel", mode, "--out", os.path.join(WORK, f"f{mode}3")],
+                  f"f{mode}3", {r: inject for r in range(3)}),
+           f"{mode} on 3 processes, torchamp's fused SGD")
+same_run("fdata3", "fsharded3", "sharded = data-parallel on 3, torchamp's fused SGD")
+
 # 3. A rank killed mid-run; then resume. A stopped rank.
 fault = ["--modes", "fp16+scaler,bf16+scaler", "--epochs", "6", "--init-scale", "1e9",
          "--growth-interval", "5", "--parallel", "sharded", "--checkpoint-every", "5"]
@@ -222,6 +230,18 @@ bad = launch(2, ["--resume", os.path.join(WORK, "killed")], "bad-resume")
 check(all(rc == 2 and "ran on 3 process" in out for rc, out, _ in bad),
       "--resume of a 3-process run on 2: exit 2 " + repr(bad[0][1].strip()[:140]))
 
+def run_with_timeout(cmd, env, cwd=None, timeout=180):
+    """subprocess.run; a launcher that hangs is a failure, not the end of the test."""
+    try:
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                              env=env)
+    except subprocess.TimeoutExpired as e:
+        def text(b):
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+        return subprocess.CompletedProcess(cmd, f"hung for {timeout} s", text(e.stdout),
+                                           text(e.stderr))
+
+
 # 5. torchrun launches it.
 if TORCHRUN:
     for n, mode in ((2, "data"), (3, "sharded")):
@@ -231,7 +251,7 @@ if TORCHRUN:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(k, None)
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        p = run_with_timeout(cmd, env)
         ok = p.returncode == 0 and os.path.exists(os.path.join(out, "metrics.csv"))
         n_logs = len(os.listdir(os.path.join(out, "ranks"))) if ok else 0
         check(ok and n_logs == n and len(rows(out, "metrics.csv")) == 12,
@@ -260,7 +280,7 @@ if README:
         env = dict(os.environ)
         for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(k, None)
-        p = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env)
+        p = run_with_timeout(cmd, env, cwd=root)
         check(p.returncode == 0 and os.path.exists(os.path.join(out, "summary.csv")),
               f"README: {' '.join(words)}: exit {p.returncode}" +
               ("" if p.returncode == 0 else "\n" + p.stdout[-2000:] + p.stderr[-3000:]))

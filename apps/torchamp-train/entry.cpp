@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <cstdlib>
+#include <stdexcept>
 #endif
 
 namespace {
@@ -24,11 +25,17 @@ namespace {
 torchamp_train::Parallel make_gloo_group(const torchamp_train::LaunchEnv& env,
                                          const std::string& mode,
                                          std::chrono::milliseconds timeout) {
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(env.agent_store ? env.master_port + 1 : env.master_port);
+  int port = env.agent_store ? env.master_port + 1 : env.master_port;
   if (const char* p = std::getenv("TORCHAMP_TRAIN_STORE_PORT"); p != nullptr && *p != '\0') {
-    options.port = static_cast<uint16_t>(std::atoi(p));
+    port = std::atoi(p);
   }
+  if (port < 1 || port > 65535) {
+    throw std::invalid_argument(
+        "the store's port " + std::to_string(port) +
+        " is not in [1, 65535] (MASTER_PORT, or TORCHAMP_TRAIN_STORE_PORT)");
+  }
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(port);
   options.isServer = env.rank == 0;
   options.numWorkers = env.world;
   options.timeout = timeout;

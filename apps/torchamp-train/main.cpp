@@ -148,7 +148,7 @@ class RunFolder {
   std::string checkpoint() const { return path("checkpoint.pt").string(); }
 
   // A fresh run: the settings and the two CSV headers; an older run's
-  // checkpoint in the same folder is removed.
+  // checkpoint and rank logs in the same folder are removed.
   void start(const Config& config) {
     fs::create_directories(dir_);
     std::ofstream c(path("config.txt"));
@@ -159,6 +159,7 @@ class RunFolder {
       throw std::runtime_error("cannot write " + path("config.txt").string());
     }
     fs::remove(checkpoint());
+    fs::remove_all(path("ranks"));  // an earlier run's, perhaps on more processes
     std::ofstream m(path("metrics.csv"));
     m << "step,mode,loss,scale,skipped,underflow_fraction,subnormal_fraction,epoch,test_accuracy";
     for (const auto& name : activation_names(find_task(config.task))) {
@@ -633,24 +634,25 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
                 << " rows, fewer than the " << env.world << " processes\n";
       return 2;
     }
-    // The ranks meet (torchrun's environment) once the run is known to be sound.
+    // Rank 0 sets up the folder before the ranks meet (torchrun's
+    // environment), the others write their logs into it only after.
+    const bool root = env.rank == 0;  // writes the table, logs, plots and checkpoints
+    const bool continuing = resuming && position.metrics_bytes > 0;
+    if (root && continuing) {
+      folder.resume(position);
+    } else if (root) {
+      folder.start(config);
+      save_initial(folder.path("initial.pt").string(), config, train, test);
+    }
     Parallel parallel;
     if (env.world > 1) {
       parallel = make_group(env, config.parallel,
                             std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
     }
-    const bool root = parallel.rank() == 0;  // writes the table, logs, plots and checkpoints
     RankLog rank_log(folder.path(""), parallel.rank());
-    if (resuming && position.metrics_bytes > 0) {
-      if (root) {
-        folder.resume(position);
-      }
+    if (continuing) {
       rank_log.resume(position, parallel.rank());
     } else {
-      if (root) {
-        folder.start(config);
-        save_initial(folder.path("initial.pt").string(), config, train, test);
-      }
       rank_log.start();
     }
     if (root) {

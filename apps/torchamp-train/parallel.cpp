@@ -76,13 +76,13 @@ std::string cause(const std::exception& e) {
   return e.what();
 }
 
-// Runs one collective and waits for it, at most `timeout`; a failure (a rank
-// died, the group timed out) becomes one error naming this rank and the step.
-template <class Start>
-void collective(const Parallel& p, const char* what, Start start) {
+// Runs `run` (collectives started and waited for, each at most the
+// timeout); a failure (a rank died, the group timed out) becomes one error
+// naming this rank and the collective.
+template <class Run>
+void guarded(const Parallel& p, const char* what, Run run) {
   try {
-    auto work = start();
-    work->wait(p.timeout());
+    run();
   } catch (const std::exception& e) {
     throw std::runtime_error("rank " + std::to_string(p.rank()) + " of " +
                              std::to_string(p.world()) + ": the " + what +
@@ -92,15 +92,23 @@ void collective(const Parallel& p, const char* what, Start start) {
   }
 }
 
-// Splits `index` (positions into `tensors`) into runs of at most
-// kBucketElements elements; each run is one flat bucket.
+// One collective, waited for.
+template <class Start>
+void collective(const Parallel& p, const char* what, Start start) {
+  guarded(p, what, [&] { start()->wait(p.timeout()); });
+}
+
+// Splits `index` (positions into `tensors`) into runs of one dtype and at
+// most kBucketElements elements; each run is one flat bucket.
 std::vector<std::vector<size_t>> buckets(const std::vector<at::Tensor>& tensors,
                                          const std::vector<size_t>& index) {
   std::vector<std::vector<size_t>> out;
   int64_t filled = Parallel::kBucketElements;
   for (const size_t i : index) {
     const int64_t n = tensors[i].numel();
-    if (filled + n > Parallel::kBucketElements && filled > 0) {
+    const bool other_type =
+        !out.empty() && tensors[i].scalar_type() != tensors[out.back().front()].scalar_type();
+    if ((filled + n > Parallel::kBucketElements && filled > 0) || other_type) {
       out.emplace_back();
       filled = 0;
     }
@@ -183,15 +191,26 @@ void Parallel::all_reduce_sum(const std::vector<at::Tensor>& tensors) const {
   for (size_t i = 0; i < all.size(); ++i) {
     all[i] = i;
   }
-  for (const auto& bucket : buckets(tensors, all)) {
-    std::vector<at::Tensor> flat = {flatten(tensors, bucket)};
-    collective(*this, "gradient all-reduce", [&] {
+  const auto bs = buckets(tensors, all);
+  std::vector<std::vector<at::Tensor>> flat;
+  for (const auto& bucket : bs) {
+    flat.push_back({flatten(tensors, bucket)});
+  }
+  // Every bucket's all-reduce in flight at once, then all waited for.
+  guarded(*this, "all-reduce", [&] {
+    std::vector<decltype(impl_->group->allreduce(flat.front()))> works;
+    for (auto& f : flat) {
       c10d::AllreduceOptions opts;
       opts.reduceOp = c10d::ReduceOp::SUM;
       opts.timeout = timeout_;
-      return impl_->group->allreduce(flat, opts);
-    });
-    unflatten(flat.front(), tensors, bucket);
+      works.push_back(impl_->group->allreduce(f, opts));
+    }
+    for (auto& w : works) {
+      w->wait(timeout_);
+    }
+  });
+  for (size_t b = 0; b < bs.size(); ++b) {
+    unflatten(flat[b].front(), tensors, bs[b]);
   }
 }
 

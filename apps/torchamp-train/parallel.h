@@ -76,8 +76,8 @@ class Parallel {
     return timeout_;
   }
 
-  /// Sums the tensors (float32, contiguous) over the ranks, in place, as
-  /// flat buckets of at most kBucketElements.
+  /// Sums the tensors over the ranks, in place, as flat buckets (each of one
+  /// dtype, at most kBucketElements), all in flight together.
   void all_reduce_sum(const std::vector<at::Tensor>& tensors) const;
   /// Sums tensor i over the ranks into its owner `owner[i]` (one reduce per
   /// owner's bucket); on the other ranks it keeps its local value.

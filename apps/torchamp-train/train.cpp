@@ -593,6 +593,18 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
       for (const auto& p : params) {
         grads.push_back(p.grad());
       }
+      // The step's loss and underflow counts, summed over the ranks with the
+      // gradients (all collectives of a call are in flight together).
+      at::Tensor sums = torch::empty({1 + 3 * static_cast<int64_t>(n_act)}, torch::kDouble);
+      {
+        auto* v = sums.data_ptr<double>();
+        v[0] = loss.item<double>() * share;
+        for (size_t l = 0; l < n_act; ++l) {
+          v[1 + 3 * l] = static_cast<double>(stats[l].total);
+          v[2 + 3 * l] = static_cast<double>(stats[l].flushed);
+          v[3 + 3 * l] = static_cast<double>(stats[l].subnormal);
+        }
+      }
       // The gradients, still scaled: summed everywhere (data) or into their owners (sharded).
       if (parallel.distributed() && share != 1.0) {
         torch::NoGradGuard no_grad;
@@ -602,8 +614,11 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
       }
       if (sharded) {
         parallel.reduce_to_owners(grads, owner);
+        parallel.all_reduce_sum({sums});
       } else {
-        parallel.all_reduce_sum(grads);
+        std::vector<at::Tensor> all = grads;
+        all.push_back(sums);
+        parallel.all_reduce_sum(all);
       }
       for (const auto& [at_step, index] : infs) {
         if (at_step == step && result.scaled && owner[index] == rank) {
@@ -627,26 +642,12 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
         torch::NoGradGuard no_grad;
         parallel.broadcast_from_owners(params, owner);
       }
-      // The step's loss and underflow counts over all ranks.
-      double loss_value = loss.item<double>() * share;
-      if (parallel.distributed()) {
-        std::vector<at::Tensor> sums = {
-            torch::empty({1 + 3 * static_cast<int64_t>(n_act)}, torch::kDouble)};
-        auto* v = sums.front().data_ptr<double>();
-        v[0] = loss_value;
-        for (size_t l = 0; l < n_act; ++l) {
-          v[1 + 3 * l] = static_cast<double>(stats[l].total);
-          v[2 + 3 * l] = static_cast<double>(stats[l].flushed);
-          v[3 + 3 * l] = static_cast<double>(stats[l].subnormal);
-        }
-        parallel.all_reduce_sum(sums);
-        v = sums.front().data_ptr<double>();
-        loss_value = v[0];
-        for (size_t l = 0; l < n_act; ++l) {
-          stats[l].total = static_cast<int64_t>(v[1 + 3 * l]);
-          stats[l].flushed = static_cast<int64_t>(v[2 + 3 * l]);
-          stats[l].subnormal = static_cast<int64_t>(v[3 + 3 * l]);
-        }
+      const double* v = sums.data_ptr<double>();
+      const double loss_value = v[0];
+      for (size_t l = 0; l < n_act; ++l) {
+        stats[l].total = static_cast<int64_t>(v[1 + 3 * l]);
+        stats[l].flushed = static_cast<int64_t>(v[2 + 3 * l]);
+        stats[l].subnormal = static_cast<int64_t>(v[3 + 3 * l]);
       }
       train_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
