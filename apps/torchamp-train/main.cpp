@@ -634,9 +634,14 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
                 << " rows, fewer than the " << env.world << " processes\n";
       return 2;
     }
-    // Rank 0 sets up the folder before the ranks meet (torchrun's
-    // environment), the others write their logs into it only after.
-    const bool root = env.rank == 0;  // writes the table, logs, plots and checkpoints
+    Parallel parallel;  // the ranks meet (torchrun's environment)
+    if (env.world > 1) {
+      parallel = make_group(env, config.parallel,
+                            std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+    }
+    // Rank 0 sets up the folder; the others write their logs into it only
+    // after (a collective is the barrier).
+    const bool root = parallel.rank() == 0;  // writes the table, logs, plots and checkpoints
     const bool continuing = resuming && position.metrics_bytes > 0;
     if (root && continuing) {
       folder.resume(position);
@@ -644,11 +649,7 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
       folder.start(config);
       save_initial(folder.path("initial.pt").string(), config, train, test);
     }
-    Parallel parallel;
-    if (env.world > 1) {
-      parallel = make_group(env, config.parallel,
-                            std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-    }
+    parallel.all_gather(0);
     RankLog rank_log(folder.path(""), parallel.rank());
     if (continuing) {
       rank_log.resume(position, parallel.rank());
