@@ -102,11 +102,14 @@ def rows(folder, name="metrics.csv"):
         return list(csv.DictReader(f))
 
 
-# |loss difference| allowed: the precision's own rounding (its machine epsilon).
+# |loss difference| allowed (losses are ~2.3): float16's and bfloat16's
+# epsilon for the modes that compute in them; for float32, where only the
+# order of the sums differs, 1e-5.
 TOLERANCE = {"fp32": 1e-5, "fp16": 1e-3, "fp16+scaler": 1e-3, "bf16+scaler": 8e-3}
 
 
-def same_run(a, b, what):
+def same_run(a, b, what, exact=False):
+    """Same scales and skips on every step; losses within TOLERANCE (exact: equal)."""
     ra, rb = rows(a), rows(b)
     if len(ra) != len(rb):
         check(False, f"{what}: {len(ra)} vs {len(rb)} steps")
@@ -119,7 +122,7 @@ def same_run(a, b, what):
     for x, y in zip(ra, rb):
         d = abs(float(x["loss"]) - float(y["loss"]))
         worst[x["mode"]] = max(worst.get(x["mode"], 0.0), d)
-    too_far = {m: d for m, d in worst.items() if d > TOLERANCE[m]}
+    too_far = {m: d for m, d in worst.items() if d > (0.0 if exact else TOLERANCE[m])}
     skips = sum(1 for i, x in enumerate(ra)
                 if x["skipped"] != (ra[i - 1]["skipped"] if i and ra[i - 1]["mode"] == x["mode"]
                                     else "0"))
@@ -127,7 +130,7 @@ def same_run(a, b, what):
           f"{what}: {len(ra)} steps, the same scales and skipped steps ({skips} skipped), "
           f"largest loss difference per mode {worst}" +
           (f"; DIFFER at {differ[:3]}" if differ else "") +
-          (f"; beyond {TOLERANCE}" if too_far else ""))
+          (f"; beyond {'0' if exact else TOLERANCE}" if too_far else ""))
 
 
 OWNED_BY_LAST = 2  # fc1.weight: on 2 and 3 ranks its owner is the last rank
@@ -141,8 +144,11 @@ inject = {"TORCHAMP_TRAIN_INJECT_INF": "10:2,20:13"}
 all_ok(launch(1, equal + ["--out", os.path.join(WORK, "single")], "single",
               {0: inject}), "1 process")
 for n in (2, 3):
-    all_ok(launch(n, equal + ["--out", os.path.join(WORK, f"data{n}")], f"data{n}",
-                  {r: inject for r in range(n)}), f"data-parallel on {n} processes")
+    ranks = launch(n, equal + ["--out", os.path.join(WORK, f"data{n}")], f"data{n}",
+                   {r: inject for r in range(n)})
+    all_ok(ranks, f"data-parallel on {n} processes")
+    check("| fp16+scaler |" in ranks[0][1] and "| mode |" not in ranks[1][1],
+          f"on {n} processes rank 0 alone prints the table (stdout to a file)")
     same_run("single", f"data{n}", f"data-parallel on {n} = 1 process")
 
 # 2. Sharded = data-parallel, with overflows that one shard alone sees.
@@ -154,7 +160,9 @@ for n in (2, 3):
         all_ok(launch(n, natural + ["--parallel", mode, "--out", os.path.join(WORK, f"n{mode}{n}")],
                       f"n{mode}{n}", {r: inject for r in range(n)}),
                f"{mode} on {n} processes, initial scale 1e9")
-    same_run(f"ndata{n}", f"nsharded{n}", f"sharded = data-parallel on {n}")
+    # On 2 ranks a sum into the owner is the all-reduce's sum (a + b = b + a):
+    # equal to the last bit. On 3 the two collectives may add in other orders.
+    same_run(f"ndata{n}", f"nsharded{n}", f"sharded = data-parallel on {n}", exact=n == 2)
     logs = [rows(f"nsharded{n}", f"ranks/rank{r}.csv") for r in range(n)]
     together = all(len({lg[i]["skipped"] for lg in logs}) == 1 for i in range(len(logs[0])))
     alone = [i for i in range(len(logs[0]))
@@ -226,6 +234,10 @@ check(p.returncode == 2 and "MASTER_PORT" in p.stderr, f"no MASTER_PORT: exit {p
 bad = launch(2, ["--out", os.path.join(WORK, "bad"), "--batch-size", "1"], "bad-batch")
 check(all(rc == 2 and "--batch-size" in out for rc, out, _ in bad),
       "--batch-size 1 on 2 processes: exit 2 " + repr(bad[0][1].strip()[:120]))
+bad = launch(9, ["--out", os.path.join(WORK, "bad"), "--task", "mlp", "--parallel", "sharded"],
+             "bad-shards")
+check(all(rc == 2 and "parameters to share out" in out for rc, out, _ in bad),
+      "sharded on 9 processes, 8 parameters: exit 2 " + repr(bad[0][1].strip()[:120]))
 bad = launch(2, ["--resume", os.path.join(WORK, "killed")], "bad-resume")
 check(all(rc == 2 and "ran on 3 process" in out for rc, out, _ in bad),
       "--resume of a 3-process run on 2: exit 2 " + repr(bad[0][1].strip()[:140]))
@@ -285,7 +297,10 @@ if README:
               f"README: {' '.join(words)}: exit {p.returncode}" +
               ("" if p.returncode == 0 else "\n" + p.stdout[-2000:] + p.stderr[-3000:]))
         ran += 1
-    check(ran > 0, f"README has {ran} torchrun commands for {APP}")
+    # The README names the two builds ./scripts/demo and ./scripts/test make.
+    build = os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(APP))))
+    if build in ("build", "build-2.13"):
+        check(ran > 0, f"README has {ran} torchrun commands for {APP}")
 
 print(f"{len(failures)} failed" if failures else "all passed")
 sys.exit(1 if failures else 0)

@@ -618,11 +618,24 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
     }
     const Dataset all = load_digits(config.data);
     const auto [train, test] = split(all, 0.2, config.seed);
-    // The collectives run on CPU tensors over Gloo; NCCL is not wired up.
+    // The collectives run on CPU tensors over Gloo; NCCL is not wired up. The
+    // default modes then leave the CUDA one out; asking for it is an error.
+    const auto cuda_mode = std::find(config.modes.begin(), config.modes.end(), "cuda-fp16+scaler");
+    if (env.world > 1 && cuda_mode != config.modes.end() && app.count("--modes") == 0 &&
+        !resuming) {
+      config.modes.erase(cuda_mode);
+    }
     if (env.world > 1 && std::find(config.modes.begin(), config.modes.end(), "cuda-fp16+scaler") !=
                              config.modes.end()) {
       std::cerr << "--modes: cuda-fp16+scaler runs on one process only (several processes "
                    "train on the CPU over Gloo; NCCL is not supported yet)\n";
+      return 2;
+    }
+    // Sharded, every rank owns a parameter (the network has two per layer).
+    const int n_params = 2 * (find_task(config.task).hidden_layers + 1);
+    if (config.parallel == "sharded" && env.world > n_params) {
+      std::cerr << "--parallel sharded: " << env.world << " processes but the " << config.task
+                << " network has " << n_params << " parameters to share out\n";
       return 2;
     }
     // Every rank needs a row of every batch.
@@ -636,8 +649,13 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
     }
     Parallel parallel;  // the ranks meet (torchrun's environment)
     if (env.world > 1) {
-      parallel = make_group(env, config.parallel,
-                            std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+      try {
+        parallel = make_group(env, config.parallel,
+                              std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+      } catch (const std::invalid_argument& e) {  // the launch environment
+        std::cerr << "error: " << e.what() << "\n";
+        return 2;
+      }
     }
     // Rank 0 sets up the folder; the others write their logs into it only
     // after (a collective is the barrier).

@@ -8,6 +8,8 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstdio>
+#include <iostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -26,7 +28,7 @@ PYBIND11_MODULE(torchamp_train_ext, m) {
         }
         argv.push_back(nullptr);
         pybind11::gil_scoped_release no_gil;
-        return torchamp_train::run(
+        const int code = torchamp_train::run(
             static_cast<int>(args.size()), argv.data(),
             [&](const torchamp_train::LaunchEnv& env, const std::string& mode,
                 std::chrono::milliseconds timeout) {
@@ -38,6 +40,12 @@ PYBIND11_MODULE(torchamp_train_ext, m) {
                      : std::string("None"));
               return torchamp_train::Parallel(pg, mode, timeout);
             });
+        // The launcher leaves with os._exit, which flushes no C stdio buffer
+        // (a pipe's or a file's would lose the table).
+        std::cout.flush();
+        std::fflush(stdout);
+        std::fflush(stderr);
+        return code;
       },
       "Runs torchamp-train with these arguments (argv[0] first) over the given c10d "
       "ProcessGroup (None: one process); returns the exit code.");
