@@ -621,15 +621,13 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
     // The collectives run on CPU tensors over Gloo; NCCL is not wired up. The
     // default modes then leave the CUDA one out; asking for it is an error.
     const auto cuda_mode = std::find(config.modes.begin(), config.modes.end(), "cuda-fp16+scaler");
-    if (env.world > 1 && cuda_mode != config.modes.end() && app.count("--modes") == 0 &&
-        !resuming) {
+    if (env.world > 1 && cuda_mode != config.modes.end()) {
+      if (app.count("--modes") > 0 || resuming) {
+        std::cerr << "--modes: cuda-fp16+scaler runs on one process only (several processes "
+                     "train on the CPU over Gloo; NCCL is not supported yet)\n";
+        return 2;
+      }
       config.modes.erase(cuda_mode);
-    }
-    if (env.world > 1 && std::find(config.modes.begin(), config.modes.end(), "cuda-fp16+scaler") !=
-                             config.modes.end()) {
-      std::cerr << "--modes: cuda-fp16+scaler runs on one process only (several processes "
-                   "train on the CPU over Gloo; NCCL is not supported yet)\n";
-      return 2;
     }
     // Sharded, every rank owns a parameter (the network has two per layer).
     const int n_params = 2 * (find_task(config.task).hidden_layers + 1);

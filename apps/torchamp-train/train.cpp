@@ -494,6 +494,9 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
   auto checkpoint = [&] {
     Position p{mode_index, step, 0, 0, {}};
     hooks.bookmark(p);
+    if (rank != 0 && !sharded) {
+      return;  // its optimizer is rank 0's
+    }
     torch::serialize::OutputArchive opt;
     optimizer.save(opt);
     const std::vector<std::string> shards =
