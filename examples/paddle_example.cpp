@@ -14,11 +14,9 @@ int main() {
   torchamp::paddle::GradScaler scaler(/*enable=*/true, /*init_loss_scaling=*/1024);
   auto data = torch::rand({10, 3, 32, 32});
 
-  torch::Tensor loss;
-  {
-    torchamp::autocast guard(torch::kCPU);  // paddle.amp.auto_cast()
-    loss = model->forward(data).mean();
-  }
+  torchamp::autocast guard(torch::kCPU);  // with paddle.amp.auto_cast():
+  auto loss = model->forward(data).mean();
+  guard.exit();
   auto scaled = scaler.scale(loss);    // scale the loss
   scaled.backward();                   // do backward
   scaler.minimize(optimizer, scaled);  // update parameters

@@ -28,11 +28,9 @@ int main() {
   torchamp::GradScaler scaler;  // 2^16, x2 every 2000 clean steps, x0.5 on inf/NaN
   for (auto& [x, y] : dataloader) {
     optimizer.zero_grad();
-    torch::Tensor out;
-    {
-      torchamp::autocast guard(device.type());  // float16 on CUDA, bfloat16 on CPU
-      out = model->forward(x);
-    }
+    torchamp::autocast guard(device);  // float16 on CUDA, bfloat16 on CPU
+    auto out = model->forward(x);
+    guard.exit();  // the end of Python's `with torch.autocast(...):` block
     auto loss = torch::nn::functional::mse_loss(out.to(torch::kFloat), y);
     scaler.scale(loss).backward();
     scaler.step(optimizer);  // skipped if a gradient is inf/NaN

@@ -5,6 +5,7 @@
 // Everything version-dependent that torchamp uses goes through here, keyed on
 // TORCH_VERSION_MAJOR/MINOR from <torch/version.h>.
 
+#include <ATen/Version.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
@@ -76,6 +77,23 @@ inline void set_autocast_dtype(c10::DeviceType d, at::ScalarType t) {
 /// CPU autocast to float16 arrived in LibTorch 2.2; before that CPU autocast
 /// only knows bfloat16 (Python's torch.autocast warns and disables itself).
 constexpr bool kCpuAutocastFloat16 = TORCHAMP_TORCH_AT_LEAST(2, 2);
+
+/// The version of the LibTorch this program runs against, as the loaded
+/// library reports it (`TORCH_VERSION` in its build settings, what Python's
+/// `torch.__config__.show()` prints), not the header it was compiled against;
+/// the header's `TORCH_VERSION` only where the library does not say. For error
+/// messages (it parses `at::show_config()`). Debian's 1.13.1+dfsg package
+/// reports 1.13.0 in both: its build was given version 1.13.0a0.
+inline std::string runtime_torch_version() {
+  const std::string config = at::show_config();
+  const std::string key = "TORCH_VERSION=";
+  const auto begin = config.find(key);
+  if (begin == std::string::npos) {
+    return TORCH_VERSION;
+  }
+  const auto start = begin + key.size();
+  return config.substr(start, config.find_first_of(", \n", start) - start);
+}
 
 /// ATen's `_amp_foreach_non_finite_check_and_unscale_` and `_amp_update_scale_`
 /// have CPU kernels from LibTorch 2.3 on.

@@ -5,6 +5,7 @@
 /// counterpart of Python's `torch.autocast(device_type, dtype, enabled,
 /// cache_enabled)`, with one API over LibTorch 1.13 and 2.x.
 
+#include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
@@ -12,41 +13,66 @@
 
 namespace torchamp {
 
-/// While alive, ops on `device_type` run under ATen's autocast policy in
-/// `dtype` (matmuls, convolutions and linear layers in half precision; the
-/// ops ATen lists as float32-only stay float32).
+/// From construction until `exit()` (or the end of its scope), ops on the
+/// guard's device type run under ATen's autocast policy in `dtype` (matmuls,
+/// convolutions and linear layers in half precision; the ops ATen lists as
+/// float32-only stay float32).
 ///
 /// ```
-/// {
-///   torchamp::autocast guard(torch::kCPU);   // bfloat16 on CPU
-///   out = model->forward(x);
-/// }
+/// torchamp::autocast guard(device);          // Python: with torch.autocast(...):
+/// auto out = model->forward(x);
+/// guard.exit();                              // Python: the end of the with block
+/// auto loss = torch::mse_loss(out.to(torch::kFloat), y);
 /// ```
 ///
 /// The constructor saves the device's enabled flag and dtype and the cast
-/// cache flag, then sets them; the destructor restores all three. Guards nest;
-/// when the outermost guard (of any device) exits, the cast cache is cleared.
-/// Like every RAII guard it belongs to one thread: autocast state is
-/// thread-local in ATen.
+/// cache flag, then sets them; `exit()` (Python's `__exit__`) or the destructor
+/// restores all three, once. Guards nest; when the outermost guard (of any
+/// device) exits, the cast cache is cleared. Like every RAII guard it belongs
+/// to one thread: autocast state is thread-local in ATen.
 ///
 /// Defaults: float16 on CUDA, bfloat16 on CPU, as Python. `cache_enabled =
 /// nullopt` keeps the current cache setting (Python's default reads it too).
+/// A `c10::Device` stands for its type: autocast state is per device type.
 ///
 /// Throws `c10::ValueError`, before anything changes, for a device type other
-/// than CPU or CUDA and for a dtype the linked LibTorch cannot autocast to on
+/// than CPU or CUDA and for a dtype the running LibTorch cannot autocast to on
 /// that device (float16 on CPU before LibTorch 2.2; anything but
 /// float16/bfloat16). Python warns and disables itself instead; a C++ caller
-/// gets an error it cannot miss.
+/// gets an error it cannot miss. The constructors are `[[nodiscard]]`: a
+/// discarded temporary (`torchamp::autocast(torch::kCPU, dtype);`) would end
+/// at the semicolon and autocast nothing, so the compiler warns.
 class autocast {
  public:
-  explicit autocast(c10::DeviceType device_type, std::optional<at::ScalarType> dtype = std::nullopt,
-                    bool enabled = true, std::optional<bool> cache_enabled = std::nullopt);
+  [[nodiscard]] explicit autocast(c10::DeviceType device_type,
+                                  std::optional<at::ScalarType> dtype = std::nullopt,
+                                  bool enabled = true,
+                                  std::optional<bool> cache_enabled = std::nullopt);
+  [[nodiscard]] explicit autocast(c10::Device device,
+                                  std::optional<at::ScalarType> dtype = std::nullopt,
+                                  bool enabled = true,
+                                  std::optional<bool> cache_enabled = std::nullopt);
+  /// The flag-only form, Python's `torch.autocast(device_type, enabled=use_amp)`.
+  [[nodiscard]] autocast(c10::DeviceType device_type, bool enabled);
+  [[nodiscard]] autocast(c10::Device device, bool enabled);
   ~autocast();
 
   autocast(const autocast&) = delete;
   autocast& operator=(const autocast&) = delete;
   autocast(autocast&&) = delete;
   autocast& operator=(autocast&&) = delete;
+
+  /// Ends the guard now, as leaving Python's `with` block does: restores what
+  /// the constructor changed (an inner guard's exit gives back the outer's
+  /// dtype and flag; the outermost clears the cast cache). A second call, and
+  /// the destructor after it, do nothing. Throws `c10::Error`, changing
+  /// nothing, while a guard constructed after this one in this thread is
+  /// still active: exit the inner one first (Python's `__exit__` out of order
+  /// would leave the outer's settings behind once the inner one exits).
+  void exit();
+
+  /// Whether the guard is still in effect: constructed and not yet exited.
+  bool is_active() const { return active_; }
 
   /// Whether the linked LibTorch can autocast to `dtype` on `device_type`.
   static bool is_supported(c10::DeviceType device_type, at::ScalarType dtype);
@@ -62,10 +88,14 @@ class autocast {
   static at::ScalarType current_dtype(c10::DeviceType device_type);
 
  private:
+  void restore();
+
   c10::DeviceType device_type_;
   bool prev_enabled_;
   at::ScalarType prev_dtype_;
   bool prev_cache_enabled_;
+  bool active_ = false;
+  autocast* outer_ = nullptr;  // the guard that was innermost when this one began
 };
 
 }  // namespace torchamp
