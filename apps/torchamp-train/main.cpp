@@ -516,6 +516,11 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
                  "GradScaler growth interval (clean steps before the scale doubles)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
+  app.add_flag("--deterministic,!--nondeterministic", config.deterministic,
+               "Run MKL (the BLAS of the pip wheels' LibTorch) on one thread, so that the same "
+               "command writes the same numbers every run (default). --nondeterministic: MKL's "
+               "default threads; float32 matmuls then differ in the last bits from run to run "
+               "on some machines");
   app.add_option("--data", config.data, "CSV (optionally .gz): 64 pixel columns 0..16, then label")
       ->capture_default_str();
   std::string parallel_mode = "data";
@@ -609,6 +614,7 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
         position = read_position(folder.checkpoint());
       }
     }
+    const bool mkl_pinned = config.deterministic && pin_mkl_to_one_thread();
     const std::vector<std::string> here = available_modes();
     for (const auto& m : config.modes) {
       if (std::find(here.begin(), here.end(), m) == here.end()) {
@@ -695,6 +701,15 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
                 << (cpu_fp16_autocast() ? "run under CPU float16 autocast (matmuls in float16)"
                                         : "store activations in float16 between layers (no CPU "
                                           "float16 autocast before LibTorch 2.2)")
+                << "\n"
+                << (!config.deterministic
+                        ? "nondeterministic: MKL (where the LibTorch has it) on its default "
+                          "threads; float32 matmuls may differ from run to run"
+                    : mkl_pinned
+                        ? "deterministic: MKL's float32 matmuls on one thread, so the same command "
+                          "writes the same numbers every run (--nondeterministic: MKL's threads)"
+                        : "deterministic: this LibTorch has no MKL; its BLAS and kernels give the "
+                          "same numbers every run")
                 << std::endl;  // before anything can kill the process
     }
 

@@ -9,6 +9,8 @@
 
 #include <torch/torch.h>
 
+#include <dlfcn.h>
+
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -298,7 +300,8 @@ std::map<std::string, std::string> Config::to_map() const {
           {"modes", joined},
           {"data", data},
           {"parallel", parallel},
-          {"world-size", std::to_string(world_size)}};
+          {"world-size", std::to_string(world_size)},
+          {"deterministic", deterministic ? "1" : "0"}};
 }
 
 Config Config::from_map(const std::map<std::string, std::string>& kv) {
@@ -331,7 +334,43 @@ Config Config::from_map(const std::map<std::string, std::string>& kv) {
   if (const auto it = kv.find("world-size"); it != kv.end()) {
     c.world_size = std::stoi(it->second);
   }
+  // Runs before --deterministic ran on LibTorch's default thread count.
+  c.deterministic = false;
+  if (const auto it = kv.find("deterministic"); it != kv.end()) {
+    c.deterministic = it->second == "1";
+  }
   return c;
+}
+
+bool pin_mkl_to_one_thread() {
+  // MKL's SGEMM, which runs ATen's float32 matmuls in MKL builds, splits a
+  // product across threads in a way that is not bit-reproducible from run to
+  // run (MKL's own reproducibility conditions: a fixed thread count, dynamic
+  // threading off, a CNR branch; ATen leaves dynamic threading on and CNR
+  // off). One MKL thread is. MKL's service functions are exported by the
+  // wheels' libtorch_cpu (ATen calls mkl_set_num_threads_local itself) and by
+  // libmkl_rt; a LibTorch without MKL has neither, and its BLAS (OpenBLAS,
+  // the reference BLAS) splits the output matrix, whose bits do not depend
+  // on the split. The C function's symbol is MKL_Set_Num_Threads_Local
+  // (mkl_service.h maps the lower-case name to it by a macro); the exported
+  // lower-case symbols are the Fortran interface, which takes a pointer.
+  using SetThreads = int (*)(int);
+  void* symbol = dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local");
+  if (symbol == nullptr) {  // libtorch_cpu loaded without RTLD_GLOBAL (in Python)
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&at::get_num_threads), &info) != 0 &&
+        info.dli_fname != nullptr) {
+      if (void* lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD)) {
+        symbol = dlsym(lib, "MKL_Set_Num_Threads_Local");
+        dlclose(lib);
+      }
+    }
+  }
+  if (symbol == nullptr) {
+    return false;
+  }
+  reinterpret_cast<SetThreads>(symbol)(1);
+  return true;
 }
 
 bool cpu_fp16_autocast() {
@@ -570,20 +609,13 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
       }
       net->zero_grad();  // not the optimizer's: in the sharded mode it holds only a shard
       std::vector<Underflow> stats(n_act);
-      at::Tensor logits;
-      {
-        // bf16+scaler: CPU autocast (bfloat16); fp16 modes on LibTorch >= 2.2:
-        // CPU autocast (float16); cuda: CUDA autocast (float16).
-        std::optional<torchamp::autocast> guard;
-        if (autocast_bf16) {
-          guard.emplace(torch::kCPU);
-        } else if (fp16_autocast) {
-          guard.emplace(torch::kCPU, torch::kHalf);
-        } else if (cuda) {
-          guard.emplace(torch::kCUDA);
-        }
-        logits = net->forward(x, half_storage, &stats);
-      }
+      // bf16+scaler: CPU autocast (bfloat16); fp16 modes on LibTorch >= 2.2:
+      // CPU autocast (float16); cuda: CUDA autocast (float16); else none.
+      torchamp::autocast guard(
+          device, fp16_autocast ? std::optional<at::ScalarType>(torch::kHalf) : std::nullopt,
+          /*enabled=*/autocast_bf16 || fp16_autocast || cuda);
+      const at::Tensor logits = net->forward(x, half_storage, &stats);
+      guard.exit();
       // Each rank's loss is the mean over its slice, as DDP's: its gradients
       // have the size of the whole batch's, so float16 overflows at about the
       // same scale as on one process. Weighted by the slice's share of the

@@ -49,6 +49,10 @@ struct Config {
   std::string data;
   std::string parallel = "none";  // "data" or "sharded" on more than one process
   int world_size = 1;             // processes (torchrun's WORLD_SIZE)
+  // MKL's calls on one thread, so that the same command writes the same
+  // numbers every time (MKL's multi-threaded SGEMM is not run-to-run
+  // reproducible; see docs/demo.md); false: MKL's default threads.
+  bool deterministic = true;
 
   /// The settings as key=value pairs (what a run folder's config.txt holds
   /// and what --resume compares), and back.
@@ -89,6 +93,13 @@ struct ModeSummary {
 /// Whether the fp16 modes run under real CPU float16 autocast (LibTorch >=
 /// 2.2); otherwise they store activations in float16 between layers.
 bool cpu_fp16_autocast();
+
+/// Makes the run reproducible run to run where the LibTorch's BLAS is MKL
+/// (the pip wheels, pytorch.org's archive; MKL as Debian's libblas): MKL's
+/// calls from this thread run on one thread. ATen's own kernels keep their
+/// threads (their split depends only on the thread count). Returns what it
+/// did, for the log; false when there is no MKL.
+bool pin_mkl_to_one_thread();
 
 /// "fp32", "fp16", "fp16+scaler", "bf16+scaler", and "cuda-fp16+scaler" when
 /// the linked LibTorch has CUDA and a GPU is present.
