@@ -83,8 +83,10 @@ void autocast::exit() {
   if (!active_) {
     return;
   }
-  TORCH_CHECK(t_innermost == this, "autocast::exit(): a guard for ", t_innermost->device_type_,
-              " constructed after this ", device_type_,
+  // (In a thread with no guard, as when a guard is exited from another
+  // thread than its own, restore() restores what it saved.)
+  TORCH_CHECK(t_innermost == this || t_innermost == nullptr, "autocast::exit(): a guard for ",
+              t_innermost->device_type_, " constructed after this ", device_type_,
               " guard is still active; exit the inner guard first (nested with-blocks "
               "exit innermost first)");
   restore();
