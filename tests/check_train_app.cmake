@@ -100,7 +100,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} -E env MKL_VERBOSE=1
 string(REGEX MATCHALL "MKL_VERBOSE SGEMM[^\n]*NThr:[0-9]+" calls "${out}${err}")
 list(LENGTH calls n_calls)
 if(n_calls GREATER 0)
-  string(REGEX MATCHALL "NThr:1[^0-9]" one "${out}${err}\n")
+  string(REGEX MATCHALL "MKL_VERBOSE SGEMM[^\n]*NThr:1\n" one "${out}${err}\n")
   list(LENGTH one n_one)
   if(NOT n_one EQUAL n_calls)
     message(FATAL_ERROR "deterministic run: ${n_one} of ${n_calls} SGEMM calls on one thread")
