@@ -98,6 +98,11 @@ autocast::~autocast() {
   }
 }
 
+void autocast::restore_device() const {
+  compat::set_autocast_enabled(device_type_, prev_enabled_);
+  compat::set_autocast_dtype(device_type_, prev_dtype_);
+}
+
 void autocast::restore() {
   active_ = false;
   if (at::autocast::decrement_nesting() == 0) {
@@ -119,8 +124,7 @@ void autocast::restore() {
     if (t_innermost == this) {
       t_innermost = outer_;
     }
-    compat::set_autocast_enabled(device_type_, prev_enabled_);
-    compat::set_autocast_dtype(device_type_, prev_dtype_);
+    restore_device();
     at::autocast::set_autocast_cache_enabled(prev_cache_enabled_);
     return;
   }
@@ -134,8 +138,7 @@ void autocast::restore() {
     same_device->prev_enabled_ = prev_enabled_;
     same_device->prev_dtype_ = prev_dtype_;
   } else {
-    compat::set_autocast_enabled(device_type_, prev_enabled_);
-    compat::set_autocast_dtype(device_type_, prev_dtype_);
+    restore_device();
   }
 }
 

@@ -89,6 +89,7 @@ class autocast {
 
  private:
   void restore();
+  void restore_device() const;  // the device's enabled flag and dtype
 
   c10::DeviceType device_type_;
   bool prev_enabled_;

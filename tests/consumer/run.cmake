@@ -13,37 +13,34 @@ set(find_args "")
 string(REPLACE "|" ";" prefix_path "${TORCH_PREFIX_PATH}")
 if(MODE STREQUAL "build-tree")
   list(APPEND find_args "-Dtorchamp_DIR=${TORCHAMP_BUILD}")
-elseif(MODE STREQUAL "other-torch")
+else()
   execute_process(COMMAND ${CMAKE_COMMAND} --install "${TORCHAMP_BUILD}" --prefix "${WORK}/prefix"
     OUTPUT_QUIET RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "install failed")
   endif()
-  # Only the install prefix, after the other LibTorch: no Torch_DIR.
-  set(prefix_path "${OTHER_TORCH_PREFIX};${WORK}/prefix")
-  unset(Torch_DIR)
-  file(GLOB other_dir LIST_DIRECTORIES true "${OTHER_TORCH_PREFIX}/share/cmake/Torch"
-       "${OTHER_TORCH_PREFIX}/lib/*/cmake/Torch")
-  if(NOT other_dir)
-    message(FATAL_ERROR "no TorchConfig.cmake under ${OTHER_TORCH_PREFIX}")
+  if(MODE STREQUAL "other-torch")
+    # Only the install prefix, after the other LibTorch: no Torch_DIR.
+    set(prefix_path "${OTHER_TORCH_PREFIX};${WORK}/prefix")
+    unset(Torch_DIR)
+    file(GLOB other_dir LIST_DIRECTORIES true "${OTHER_TORCH_PREFIX}/share/cmake/Torch"
+         "${OTHER_TORCH_PREFIX}/lib/*/cmake/Torch")
+    if(NOT other_dir)
+      message(FATAL_ERROR "no TorchConfig.cmake under ${OTHER_TORCH_PREFIX}")
+    endif()
+    execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE}" -B "${WORK}/wrong" -G "${GENERATOR}"
+      "-DTorch_DIR=${other_dir}" "-DCMAKE_PREFIX_PATH=${prefix_path}"
+      RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    string(REGEX REPLACE "[ \n]+" " " err "${err}")
+    if(rc EQUAL 0 OR NOT err MATCHES "torchamp was built against LibTorch ${TORCH_VERSION} .*found LibTorch [0-9.]+ .*-DTorch_DIR=")
+      message(FATAL_ERROR "Torch_DIR=${other_dir}: expected a configure error naming both "
+                          "LibTorches and -DTorch_DIR, got ${rc}:\n${out}${err}")
+    endif()
+    string(REGEX REPLACE ".*(torchamp was built against)" "\\1" err "${err}")
+    message(STATUS "Torch_DIR of another LibTorch, as expected:${err}")
+  else()
+    list(PREPEND prefix_path "${WORK}/prefix")
   endif()
-  execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE}" -B "${WORK}/wrong" -G "${GENERATOR}"
-    "-DTorch_DIR=${other_dir}" "-DCMAKE_PREFIX_PATH=${prefix_path}"
-    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  string(REGEX REPLACE "[ \n]+" " " err "${err}")
-  if(rc EQUAL 0 OR NOT err MATCHES "torchamp was built against LibTorch ${TORCH_VERSION} .*found LibTorch [0-9.]+ .*-DTorch_DIR=")
-    message(FATAL_ERROR "Torch_DIR=${other_dir}: expected a configure error naming both "
-                        "LibTorches and -DTorch_DIR, got ${rc}:\n${out}${err}")
-  endif()
-  string(REGEX REPLACE ".*(torchamp was built against)" "\\1" err "${err}")
-  message(STATUS "Torch_DIR of another LibTorch, as expected:${err}")
-else()
-  execute_process(COMMAND ${CMAKE_COMMAND} --install "${TORCHAMP_BUILD}" --prefix "${WORK}/prefix"
-    RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "install failed")
-  endif()
-  list(PREPEND prefix_path "${WORK}/prefix")
 endif()
 # A CUDA LibTorch's config needs the toolkit that this build was configured with.
 if(CUDA_ROOT)
