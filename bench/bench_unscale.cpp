@@ -54,7 +54,7 @@ struct Case {
   int64_t tensors;
   int64_t elements;
 };
-const Case kCases[] = {{"1x64M", 1, 64 << 20},
+const Case kCases[] = {{"1x512M", 1, 512 << 20},
                        {"100x640k", 100, 640 << 10},
                        {"2000x1k", 2000, 1 << 10},
                        {"10000x100", 10000, 100},

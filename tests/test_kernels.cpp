@@ -135,6 +135,27 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, KernelDtype,
 // products are subnormal (the instruction would flush them), NaNs with
 // payloads (it would keep them), infinities, and lengths around the vector
 // width. Where the CPU lacks AVX-512 BF16 both runs take the portable loop.
+// Every bfloat16 bit pattern (NaNs with every payload, infinities,
+// subnormals), starting at an even and at an odd element: the portable loop
+// works on pairs of elements, with a single element before and after.
+TEST(Kernel, Bfloat16EveryBitPatternAtEitherAlignment) {
+  for (int64_t offset : {0, 1}) {
+    for (float inv : {1.0f / 65536, 1.0f / 3, 4.0f}) {
+      at::Tensor all = torch::empty({65536 + 2}, torch::kBFloat16);
+      auto* bits = static_cast<uint16_t*>(all.data_ptr());
+      for (int64_t i = 0; i < all.numel(); ++i) {
+        bits[i] = static_cast<uint16_t>((i - offset) & 0xffff);
+      }
+      at::Tensor t = all.narrow(0, offset, 65536 + 1);
+      const at::Tensor expected = reference(t, inv);
+      torchamp::kernels::force_portable(true);
+      EXPECT_TRUE(unscale_cpu_({t}, inv));
+      torchamp::kernels::force_portable(false);
+      EXPECT_TRUE(bitwise_equal(t, expected)) << "offset " << offset << " inv " << inv;
+    }
+  }
+}
+
 TEST(Kernel, Bfloat16FastAndPortableLoopsAgreeBitForBit) {
   RecordProperty("bf16_unscale_path", torchamp::kernels::unscale_path(at::kBFloat16));
   const std::vector<int64_t> sizes = {1,  15, 16, 17,   31,        32,    33,

@@ -109,6 +109,11 @@ class SpanList {
   /// (across and within spans); the results and flags do not depend on the
   /// split. Afterwards `found(i)` says whether span i held an inf/NaN.
   bool run(bool write, float inv_scale);
+  /// The read-only check of `run(false, 1)` that also sums the squares of
+  /// every element (in double, whatever the dtype) into `*sum_squares`. The
+  /// spans are summed in fixed blocks of kGrain elements, each block's sum
+  /// added in order, so the result is the same bits on any number of threads.
+  bool check_sum_squares(double* sum_squares);
   bool found(size_t i) const { return found_[i].load(std::memory_order_relaxed) != 0; }
 
   // Data of the spans, read by the parallel loop.
@@ -119,6 +124,8 @@ class SpanList {
   };
 
  private:
+  void reset_found();  // sizes found_ to the spans, all 0
+
   std::vector<Span> spans_;
   std::vector<int64_t> offsets_{0};  // offsets_[i]: first element of span i; back(): the total
   std::vector<std::atomic<uint8_t>> found_;  // value-initialised (0) when sized

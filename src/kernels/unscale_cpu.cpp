@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -56,15 +57,49 @@ bool unscale_span(double* p, int64_t n, float inv) {
   return bad != 0;
 }
 
+// bfloat16 two at a time, as the halves of a 32-bit word (little-endian:
+// element 2i is the low half): each half becomes a float by a shift or a mask
+// and goes back by a shift or a mask, so the loop needs none of the widening,
+// packing and lane-crossing shuffles that one element per 32-bit lane costs
+// (which made it compute-bound at about half the memory's speed). A half is
+// inf/NaN when its exponent bits are all ones: adding 0x0080 to them carries
+// into its top bit, which never crosses into the other half.
 TORCHAMP_TARGET_CLONES
-bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
-  uint32_t mag = 0;
+bool unscale_bf16_pairs(uint32_t* __restrict w, int64_t n, float inv) {
+  uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const uint32_t b = static_cast<uint32_t>(p[i]) << 16;
-    mag = std::max(mag, b & 0x7fffffffu);
-    p[i] = float_to_bf16(float_of(b) * inv);
+    const uint32_t x = w[i];
+    bad |= (x & 0x7f807f80u) + 0x00800080u;
+    const float lo = float_of(x << 16) * inv;
+    const float hi = float_of(x & 0xffff0000u) * inv;
+    const uint32_t bl = bits_of(lo), bh = bits_of(hi);
+    // float_to_bf16 of each: round to nearest even, NaN -> 0x7FC0.
+    const uint32_t rl = lo != lo ? 0x7fc0u : (bl + 0x7fffu + ((bl >> 16) & 1u)) >> 16;
+    const uint32_t rh = hi != hi ? 0x7fc00000u : (bh + 0x7fffu + ((bh >> 16) & 1u)) & 0xffff0000u;
+    w[i] = rh | rl;
   }
-  return mag >= kF32ExpMask;
+  return (bad & 0x80008000u) != 0;
+}
+
+bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
+  bool bad = false;
+  auto one = [&bad, inv](uint16_t& v) {
+    const uint32_t b = static_cast<uint32_t>(v) << 16;
+    bad = bad || (b & 0x7fffffffu) >= kF32ExpMask;
+    v = float_to_bf16(float_of(b) * inv);
+  };
+  if (n > 0 && reinterpret_cast<uintptr_t>(p) % alignof(uint32_t) != 0) {
+    one(*p++);
+    --n;
+  }
+  const int64_t pairs = n / 2;
+  // p is 4-byte aligned here (a bfloat16 tensor's data is at least 2-byte
+  // aligned); its words are read only as words in this loop.
+  bad = unscale_bf16_pairs(reinterpret_cast<uint32_t*>(p), pairs, inv) || bad;
+  if (n % 2 != 0) {
+    one(p[n - 1]);
+  }
+  return bad;
 }
 
 // bfloat16 with AVX-512 BF16 (VCVTNE2PS2BF16 rounds 32 floats to bfloat16 in
@@ -254,6 +289,70 @@ bool check_span(const uint16_t* p, int64_t n) {  // bfloat16 bits
   return mag >= 0x7f80u;
 }
 
+// Sum of squares of n elements (in double), and whether any is inf/NaN.
+// Eight independent accumulators so that the loop vectorises without
+// reassociating a single sum.
+template <class Load>
+__attribute__((always_inline)) inline bool sum_squares_loop(int64_t n, double* out, Load load) {
+  constexpr int kLanes = 8;
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const double v = load(i + k);
+      acc[k] += v * v;
+    }
+  }
+  for (; i < n; ++i) {
+    const double v = load(i);
+    acc[0] += v * v;
+  }
+  double total = 0;
+  for (int k = 0; k < kLanes; ++k) {
+    total += acc[k];
+  }
+  // inf/NaN anywhere makes the sum inf/NaN, and a block of finite elements
+  // (each square below 1.2e77) cannot overflow double.
+  *out = total;
+  return !std::isfinite(total);
+}
+
+TORCHAMP_TARGET_CLONES
+bool sum_squares_span(const float* p, int64_t n, double* out) {
+  return sum_squares_loop(n, out, [p](int64_t i) { return static_cast<double>(p[i]); });
+}
+TORCHAMP_TARGET_CLONES
+bool sum_squares_span(const double* p, int64_t n, double* out) {
+  return sum_squares_loop(n, out, [p](int64_t i) { return p[i]; });
+}
+TORCHAMP_TARGET_CLONES
+bool sum_squares_bf16_span(const uint16_t* p, int64_t n, double* out) {
+  return sum_squares_loop(n, out,
+                          [p](int64_t i) { return static_cast<double>(bf16_to_float(p[i])); });
+}
+TORCHAMP_TARGET_CLONES
+bool sum_squares_half_span(const uint16_t* p, int64_t n, double* out) {
+  return sum_squares_loop(n, out, [p](int64_t i) {
+    return static_cast<double>(c10::detail::fp16_ieee_to_fp32_value(p[i]));
+  });
+}
+
+bool sum_squares_of(const SpanList::Span& s, int64_t begin, int64_t end, double* out) {
+  const int64_t n = end - begin;
+  switch (s.dtype) {
+    case at::kFloat:
+      return sum_squares_span(static_cast<const float*>(s.data) + begin, n, out);
+    case at::kDouble:
+      return sum_squares_span(static_cast<const double*>(s.data) + begin, n, out);
+    case at::kBFloat16:
+      return sum_squares_bf16_span(static_cast<const uint16_t*>(s.data) + begin, n, out);
+    case at::kHalf:
+      return sum_squares_half_span(static_cast<const uint16_t*>(s.data) + begin, n, out);
+    default:
+      TORCH_INTERNAL_ASSERT(false, "unreachable dtype ", s.dtype);
+  }
+}
+
 // Process [begin, end) of one span; returns the non-finite flag.
 inline bool run_span(const SpanList::Span& s, int64_t begin, int64_t end, bool write, float inv) {
   const int64_t n = end - begin;
@@ -335,7 +434,7 @@ void SpanList::add(void* data, int64_t numel, at::ScalarType dtype) {
   offsets_.push_back(offsets_.back() + numel);
 }
 
-bool SpanList::run(bool write, float inv) {
+void SpanList::reset_found() {
   if (found_.size() != spans_.size()) {
     found_ = std::vector<std::atomic<uint8_t>>(spans_.size());
   } else if (any_found_) {  // flags are only ever set to 1: clear them once used
@@ -344,6 +443,10 @@ bool SpanList::run(bool write, float inv) {
     }
   }
   any_found_ = false;
+}
+
+bool SpanList::run(bool write, float inv) {
+  reset_found();
   if (total_elements() == 0) {
     return false;
   }
@@ -355,6 +458,37 @@ bool SpanList::run(bool write, float inv) {
     }
   });
   any_found_ = any.load(std::memory_order_relaxed);
+  return any_found_;
+}
+
+bool SpanList::check_sum_squares(double* sum_squares) {
+  reset_found();
+  // Fixed blocks: span s's block b covers [b * kGrain, min((b + 1) * kGrain, numel)).
+  std::vector<int64_t> first_block(spans_.size() + 1, 0);
+  for (size_t s = 0; s < spans_.size(); ++s) {
+    first_block[s + 1] = first_block[s] + (spans_[s].numel + kGrain - 1) / kGrain;
+  }
+  std::vector<double> sums(static_cast<size_t>(first_block.back()), 0.0);
+  at::parallel_for(0, first_block.back(), 1, [&](int64_t begin, int64_t end) {
+    auto s = static_cast<size_t>(std::upper_bound(first_block.begin(), first_block.end(), begin) -
+                                 first_block.begin() - 1);
+    for (int64_t b = begin; b < end; ++b) {
+      while (b >= first_block[s + 1]) {
+        ++s;
+      }
+      const int64_t lo = (b - first_block[s]) * kGrain;
+      const int64_t hi = std::min(lo + kGrain, spans_[s].numel);
+      if (sum_squares_of(spans_[s], lo, hi, &sums[static_cast<size_t>(b)])) {
+        found_[s].store(1, std::memory_order_relaxed);
+      }
+    }
+  });
+  double total = 0;
+  for (double v : sums) {
+    total += v;
+  }
+  *sum_squares = total;
+  any_found_ = !std::isfinite(total);
   return any_found_;
 }
 
