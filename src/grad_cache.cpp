@@ -36,7 +36,8 @@ namespace {
 bool cacheable(const at::Tensor& grad) {
   const auto dtype = grad.scalar_type();
   return grad.layout() == at::kStrided && grad.device().is_cpu() && grad.is_contiguous() &&
-         (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16);
+         (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
+          dtype == at::kHalf);
 }
 
 }  // namespace
@@ -122,6 +123,7 @@ GradCache build_cache(const torch::optim::Optimizer& optimizer) {
         e.keys = grad.unsafeGetTensorImpl()->key_set();
         e.dtype = grad.dtype();
         e.numel = grad.numel();
+        cache.has_half = cache.has_half || grad.scalar_type() == at::kHalf;
         ++cache.grads;
         if (e.numel > 0) {
           e.span = static_cast<int32_t>(cache.spans.size());

@@ -12,9 +12,12 @@
 // grouping.
 //
 // Built only when every gradient is a dense, contiguous CPU tensor of a dtype
-// the scaler unscales (float32, float64, bfloat16); anything else (sparse,
+// the kernels take (float32, float64, bfloat16, float16); anything else (sparse,
 // CUDA, non-contiguous, a dtype that must be refused) leaves it invalid and the
 // step takes the general path (unscale.h), whose validation throws the errors.
+// float16 gradients are cached (the check before an optimizer that takes the
+// scale accepts them); where they must be refused, `has_half` sends the scaler
+// to the general path.
 //
 // A different number of groups or parameters (a parameter or group added or
 // removed), a gradient created or dropped, or one whose dispatch keys (device,
@@ -50,6 +53,7 @@ struct GradCache {
   std::vector<Entry> entries;     // every parameter, in optimizer order
   std::vector<uint32_t> span_of;  // span -> entry (gradients with elements)
   size_t grads = 0;               // entries with a gradient
+  bool has_half = false;          // some gradient is float16
   kernels::SpanList spans;        // data pointers refreshed every step
 };
 

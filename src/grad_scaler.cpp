@@ -13,6 +13,8 @@
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -87,9 +89,13 @@ void GradScaler::record_(const torch::optim::Optimizer& optimizer, OptimizerStat
 }
 
 bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state,
-                                bool unscale) {
+                                bool unscale, double* sum_squares) {
+  TORCH_INTERNAL_ASSERT(sum_squares == nullptr || !unscale);
   const std::optional<float> inv_scale =
       unscale ? std::optional<float>(inverse(schedule_.scale())) : std::nullopt;
+  // float16 gradients: checked for an optimizer that takes the scale (Python's
+  // allow_fp16 on the fused path), unscaled only by the Paddle facade.
+  const bool allow_fp16 = !unscale || unscale_fp16_;
   // With a reducer, ranks agree first (a read-only pass, then one collective),
   // so a failed collective leaves every gradient and stage as it was.
   std::optional<bool> agreed;
@@ -97,17 +103,26 @@ bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerSta
   if (!detail::refresh_cache(cache, optimizer)) {
     cache = detail::build_cache(optimizer);
   }
-  if (cache.valid) {  // every gradient a dense, contiguous CPU tensor: nothing can throw
+  // Every gradient a dense, contiguous CPU tensor: nothing can throw.
+  if (cache.valid && (allow_fp16 || !cache.has_half)) {
     bool any = false;
+    bool checked = false;  // the flags are this step's
+    if (sum_squares != nullptr) {
+      any = cache.spans.check_sum_squares(sum_squares);
+      checked = true;
+    }
     if (found_inf_reducer_) {
-      any = cache.spans.run(/*write=*/false, 1.0f);
+      if (!checked) {
+        any = cache.spans.run(/*write=*/false, 1.0f);
+        checked = true;
+      }
       agreed = found_inf_reducer_(any, c10::Device(c10::kCPU));
     }
     if (cache.grads == 0) {
       return false;
     }
     const bool write = inv_scale.has_value() && *inv_scale != 1.0f;
-    if (write || !agreed) {  // a check pass already gave the flags when nothing is written
+    if (write || !checked) {  // a check pass already gave the flags when nothing is written
       any = cache.spans.run(write, inv_scale.value_or(1.0f));
     }
     std::vector<NonFiniteGradient> report;
@@ -123,7 +138,7 @@ bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerSta
   }
 
   const std::vector<detail::GradRef> grads =
-      detail::checked_grads(optimizer);  // throws before any change
+      detail::checked_grads(optimizer, allow_fp16);  // throws before any change
   at::NoGradGuard no_grad;
   detail::Buckets buckets = detail::bucket_grads(grads);
   if (found_inf_reducer_) {
@@ -135,6 +150,9 @@ bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerSta
     return false;
   }
   const std::vector<uint8_t> found = detail::unscale_buckets(buckets, grads.size(), inv_scale);
+  if (sum_squares != nullptr) {
+    *sum_squares = detail::sum_squares(grads);
+  }
   std::vector<NonFiniteGradient> report;
   for (size_t r = 0; r < grads.size(); ++r) {
     if (found[r] != 0) {
@@ -175,16 +193,20 @@ std::string GradScaler::describe_non_finite(const torch::optim::Optimizer& optim
   return out;
 }
 
-void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
-  if (!is_enabled()) {
-    return;
-  }
+void GradScaler::check_ready_for_unscale_(const torch::optim::Optimizer& optimizer) const {
   auto it = per_optimizer_.find(&optimizer);
   if (it != per_optimizer_.end()) {
     TORCH_CHECK(it->second.stage != Stage::kUnscaled,
                 "unscale_() has already been called on this optimizer since the last update().");
     TORCH_CHECK(it->second.stage != Stage::kStepped, "unscale_() is being called after step().");
   }
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!is_enabled()) {
+    return;
+  }
+  check_ready_for_unscale_(optimizer);
   OptimizerState state;
   unscale_grads_(optimizer, state, /*unscale=*/true);  // no state is stored if this throws
   state.stage = Stage::kUnscaled;
@@ -226,7 +248,9 @@ std::optional<at::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer) {
   std::optional<at::Tensor> result;
   if (amp != nullptr) {  // Python hands a fused optimizer the flag too: it changes nothing then
     AmpStepArgs args;
-    args.grad_scale = state.deferred ? std::optional<float>(schedule_.scale()) : std::nullopt;
+    // A clip coefficient (clip_grad_norm_) divides the scale: g / (s / c) = (g / s) * c.
+    args.grad_scale =
+        state.deferred ? std::optional<float>(schedule_.scale() / state.clip_coef) : std::nullopt;
     args.found_inf = state.found_inf;
     amp->amp_step(args);
     if (!state.found_inf) {
@@ -240,6 +264,61 @@ std::optional<at::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer) {
   }
   state.stage = Stage::kStepped;
   return result;
+}
+
+namespace {
+
+// PyTorch's clip_grad_norm_ coefficient, in float32 as its tensors:
+// max_norm / (total_norm + 1e-6), at most 1.
+float clip_coefficient(double max_norm, float total_norm) {
+  return std::min(1.0f, static_cast<float>(max_norm) / (total_norm + 1e-6f));
+}
+
+// Clipping where the gradients are real: one more pass, a multiply by the
+// coefficient (none when it is 1 or a gradient is not finite, as the step is
+// then skipped). Returns the total norm.
+double clip_real_gradients(torch::optim::Optimizer& optimizer, double max_norm, bool found_inf) {
+  const std::vector<detail::GradRef> grads = detail::checked_grads(optimizer, true);
+  const auto norm = static_cast<float>(std::sqrt(detail::sum_squares(grads)));
+  const float coef = clip_coefficient(max_norm, norm);
+  if (!found_inf && std::isfinite(norm) && coef < 1.0f) {
+    at::NoGradGuard no_grad;
+    for (const detail::GradRef& ref : grads) {
+      at::Tensor& grad = ref.param.mutable_grad();
+      (grad.is_sparse() ? grad._values() : grad).mul_(static_cast<double>(coef));
+    }
+  }
+  return norm;
+}
+
+}  // namespace
+
+double GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm) {
+  TORCH_CHECK_VALUE(std::isfinite(max_norm) && max_norm >= 0,
+                    "GradScaler::clip_grad_norm_: max_norm must be finite and >= 0, got ",
+                    max_norm);
+  if (!is_enabled()) {
+    return clip_real_gradients(optimizer, max_norm, false);
+  }
+  check_ready_for_unscale_(optimizer);
+  auto* amp = dynamic_cast<StepSupportsAmpScaling*>(&optimizer);
+  if (amp == nullptr || !amp->supports_amp_scaling()) {
+    unscale_(optimizer);
+    return clip_real_gradients(optimizer, max_norm, per_optimizer_[&optimizer].found_inf);
+  }
+  OptimizerState state;
+  state.deferred = true;
+  double sum_squares = 0;
+  TORCH_CHECK(unscale_grads_(optimizer, state, /*unscale=*/false, &sum_squares),
+              "No inf checks were recorded for this optimizer.");
+  // The real gradients' norm: the scaled gradients' divided by the scale.
+  const auto norm =
+      static_cast<float>(std::sqrt(sum_squares) / static_cast<double>(schedule_.scale()));
+  state.clip_coef =
+      state.found_inf || !std::isfinite(norm) ? 1.0f : clip_coefficient(max_norm, norm);
+  state.stage = Stage::kUnscaled;
+  per_optimizer_[&optimizer] = std::move(state);
+  return norm;
 }
 
 std::optional<at::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer,

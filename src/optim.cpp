@@ -5,19 +5,22 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/zeros_like.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -30,15 +33,20 @@ bool dense_on(const at::Tensor& t, at::ScalarType dtype, c10::Device device) {
          t.scalar_type() == dtype && t.is_contiguous();
 }
 
+bool low_precision(at::ScalarType dtype) {
+  return dtype == at::kHalf || dtype == at::kBFloat16;
+}
+
 // Dense contiguous CPU parameters go to torchamp's kernels; dense contiguous
-// CUDA ones to ATen's multi-tensor fused ops where this LibTorch has them.
-bool fusable_param(const at::Tensor& p, const at::Tensor& grad) {
+// CUDA ones to ATen's multi-tensor fused ops where this LibTorch has them
+// (not with a master weight: those are torchamp's kernels only).
+bool fusable_param(const at::Tensor& p, const at::Tensor& grad, bool master) {
   const auto dtype = p.scalar_type();
   if (!kernels::optim_supports(dtype) || !dense_on(p, dtype, p.device()) ||
       !dense_on(grad, dtype, p.device())) {
     return false;
   }
-  return p.device().is_cpu() || (compat::kAtenFusedOptimizers && p.device().is_cuda());
+  return p.device().is_cpu() || (!master && compat::kAtenFusedOptimizers && p.device().is_cuda());
 }
 
 // ATen's fused ops divide each gradient by a scale tensor on its device
@@ -87,6 +95,8 @@ struct CachedParam {
   at::Tensor param;  // held: its address (its state key) cannot be reused while cached
   StateKey key;      // computed once: on LibTorch 1.13 a formatted string
   size_t group;
+  bool master = false;                      // it has (or will have) a master weight
+  at::ScalarType state_dtype = at::kFloat;  // its state's: float32 with a master
   // The state last validated, with its tensors' identities (held, so that a
   // replaced tensor cannot come back at the same address) and data.
   const ParamState* state = nullptr;
@@ -103,6 +113,7 @@ struct ReadyParam {
   ParamState* state;
   void* param_data;  // read once here, for the update's job
   void* grad_data;
+  void* master_data;  // its master weight's; null: none (yet)
 };
 
 struct StepCache::Plan {
@@ -121,6 +132,19 @@ StepCache& StepCache::operator=(const StepCache& other) {
   }
   return *this;
 }
+
+// The masters by parameter (held, so that its address is not reused while
+// the entry lives). bfloat16: an int16 remainder; float16: a float32 copy.
+struct MasterWeights::Store {
+  struct Entry {
+    at::Tensor param;
+    at::Tensor master;
+  };
+  std::unordered_map<const c10::TensorImpl*, Entry> entries;
+};
+
+MasterWeights::MasterWeights(bool on) : on_(on), store_(std::make_unique<Store>()) {}
+MasterWeights::~MasterWeights() = default;
 
 namespace {
 
@@ -151,7 +175,7 @@ bool accept_state(CachedParam& c, const ParamState* st, const StateTensors& ts) 
   for (size_t k = 0; k < ts.size(); ++k) {
     const at::Tensor& t = *ts[k];
     if (t.defined() &&
-        (!dense_on(t, c.param.scalar_type(), c.param.device()) || t.numel() != c.param.numel())) {
+        (!dense_on(t, c.state_dtype, c.param.device()) || t.numel() != c.param.numel())) {
       return false;
     }
   }
@@ -217,8 +241,22 @@ void prefetch_storages(const StepCache::Plan& plan, size_t i) {
 // cached key and compared with the one last seen (a load(), an entry
 // replaced or erased, a state tensor replaced or resized), and a new one is
 // checked before it is used.
+// A parameter the update must take but cannot (only with master weights: the
+// base class's step would ignore them).
+[[noreturn]] void refuse_unfusable(size_t group, size_t index, const at::Tensor& p,
+                                   const at::Tensor& grad, const char* what) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, "torchamp::optim with master weights: param_groups[", group, "].params[", index, "] (",
+      p.scalar_type(), " on ", p.device(), ") cannot take the fused update: its ", what,
+      " (gradient ", grad.scalar_type(), ", ", grad.layout(),
+      grad.layout() == at::kStrided && !grad.is_contiguous() ? ", not contiguous" : "",
+      "). Master weights need dense contiguous CPU parameters, gradients of the parameter's "
+      "dtype, and state of float32 (float16/bfloat16 parameters) or the parameter's dtype.");
+}
+
 template <class State, class TensorsOf>
-bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan, TensorsOf tensors_of) {
+bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
+             const MasterWeights& masters, TensorsOf tensors_of) {
   plan.prepared = false;
   plan.ready.clear();
   const auto& groups = opt.param_groups();
@@ -246,18 +284,29 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan, TensorsO
     }
     // Rebuild: every parameter, its key computed once.
     plan.params.clear();
+    auto& store = masters.store().entries;
+    std::unordered_map<const c10::TensorImpl*, MasterWeights::Store::Entry> kept;
     for (size_t g = 0; g < groups.size(); ++g) {
       for (const auto& p : groups[g].params()) {
         CachedParam c;
         c.param = p;
         c.key = compat::optim_state_key(state, p);
         c.group = g;
+        c.master = masters.on() && low_precision(p.scalar_type());
+        c.state_dtype = c.master ? at::kFloat : p.scalar_type();
+        auto it = store.find(p.unsafeGetTensorImpl());
+        if (it != store.end()) {
+          kept.insert(*it);
+        }
         plan.params.push_back(std::move(c));
       }
     }
+    store = std::move(kept);  // masters of parameters no longer in the optimizer go
     TORCH_INTERNAL_ASSERT(attempt == 0, "the rebuilt step cache does not match the param groups");
   }
   // Each parameter with a gradient, and its state.
+  const auto& store = masters.store().entries;
+  size_t group_start = 0;  // flat index of the first parameter of c.group
   for (size_t i = 0; i < plan.params.size(); ++i) {
     prefetch_ahead(plan, i + 2 * kPrefetchDistance);
     prefetch_storages(plan, i + kPrefetchDistance);
@@ -269,17 +318,36 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan, TensorsO
     if (!grad.defined()) {
       continue;
     }
-    if (!fusable_param(p, grad)) {
+    if (c.group > 0 && (i == 0 || plan.params[i - 1].group != c.group)) {
+      group_start = i;
+    }
+    if (!fusable_param(p, grad, c.master)) {
+      if (masters.on()) {
+        refuse_unfusable(c.group, i - group_start, p, grad, "parameter or gradient");
+      }
       return false;
     }
     ParamState* st = plan.found[i];
     if (st != nullptr) {
       const StateTensors ts = tensors_of(static_cast<const State&>(*st));
       if (!same_state(c, st, ts) && !accept_state(c, st, ts)) {
+        if (masters.on()) {
+          refuse_unfusable(c.group, i - group_start, p, grad, "state");
+        }
         return false;
       }
     }
-    plan.ready.push_back({i, &grad, st, data_of(p), data_of(grad)});
+    void* master_data = nullptr;
+    if (c.master) {
+      auto it = store.find(p.unsafeGetTensorImpl());
+      if (it != store.end()) {
+        TORCH_CHECK(it->second.master.numel() == p.numel(), "torchamp::optim: param_groups[",
+                    c.group, "].params[", i - group_start, "] changed size (", p.numel(),
+                    " elements, its master weight ", it->second.master.numel(), ")");
+        master_data = data_of(it->second.master);
+      }
+    }
+    plan.ready.push_back({i, &grad, st, data_of(p), data_of(grad), master_data});
   }
   plan.prepared = true;
   return true;
@@ -290,15 +358,32 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan, TensorsO
 // cannot be fused.
 template <class State, class TensorsOf>
 StepCache::Plan& ready_plan(const torch::optim::Optimizer& opt, const StepCache& cache,
-                            TensorsOf tensors_of) {
+                            const MasterWeights& masters, TensorsOf tensors_of) {
   StepCache::Plan& plan = cache.plan();
   if (!plan.prepared) {
-    TORCH_CHECK(prepare<State>(opt, plan, tensors_of),
+    TORCH_CHECK(prepare<State>(opt, plan, masters, tensors_of),
                 "amp_step: this step's parameters, gradients or state cannot take the fused "
                 "update (supports_amp_scaling() is false)");
   }
   plan.prepared = false;
   return plan;
+}
+
+// A new state tensor of a parameter: zeros of its state's dtype.
+at::Tensor state_zeros(const CachedParam& c) {
+  return at::zeros(c.param.sizes(), c.param.options().dtype(c.state_dtype));
+}
+
+// A parameter's master weight, made at its first step: exactly the
+// parameter's value (a bfloat16 parameter's remainder is zero).
+void* make_master(const MasterWeights& masters, const CachedParam& c) {
+  const at::Tensor& p = c.param;
+  at::Tensor master = p.scalar_type() == at::kBFloat16
+                          ? at::zeros(p.sizes(), p.options().dtype(at::kShort))
+                          : p.to(at::kFloat).contiguous();
+  void* data = data_of(master);
+  masters.store().entries[p.unsafeGetTensorImpl()] = {p, std::move(master)};
+  return data;
 }
 
 // After amp_step created or completed a state: the cache keeps it.
@@ -336,9 +421,9 @@ StateTensors sgd_tensors(const torch::optim::SGDParamState& s) {
 }
 
 template <class Options, class State>
-void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const AmpStepArgs& args,
-                bool decoupled) {
-  StepCache::Plan& plan = ready_plan<State>(opt, cache, adam_tensors<State>);
+void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const MasterWeights& masters,
+                const AmpStepArgs& args, bool decoupled) {
+  StepCache::Plan& plan = ready_plan<State>(opt, cache, masters, adam_tensors<State>);
   if (args.found_inf) {  // as ATen's kernels with found_inf set: nothing changes
     return;
   }
@@ -362,10 +447,10 @@ void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const AmpS
     if (r.state == nullptr) {  // as the base class: created at the parameter's first step
       auto fresh = std::make_unique<State>();
       fresh->step(0);
-      fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-      fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+      fresh->exp_avg(state_zeros(c));
+      fresh->exp_avg_sq(state_zeros(c));
       if (options.amsgrad()) {
-        fresh->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        fresh->max_exp_avg_sq(state_zeros(c));
       }
       r.state = fresh.get();
       state[c.key] = std::move(fresh);
@@ -373,10 +458,13 @@ void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const AmpS
     }
     auto& st = static_cast<State&>(*r.state);
     if (options.amsgrad() && !st.max_exp_avg_sq().defined()) {
-      st.max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+      st.max_exp_avg_sq(state_zeros(c));
       remember_state(c, st, adam_tensors<State>);
     }
     st.step(st.step() + 1);
+    if (c.master && r.master_data == nullptr) {
+      r.master_data = make_master(masters, c);
+    }
     const at::Tensor& grad = *r.grad;
     if (!p.device().is_cpu()) {
       AdamBatch& b = batches[{c.group, p.device().index(), p.scalar_type(), false}];
@@ -408,6 +496,7 @@ void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const AmpS
     kernels::AdamJob job;
     // The data pointers the walk validated (or remember_state recorded).
     job.param = r.param_data;
+    job.master = r.master_data;
     job.grad = r.grad_data;
     job.exp_avg = const_cast<void*>(c.data[0]);
     job.exp_avg_sq = const_cast<void*>(c.data[1]);
@@ -455,18 +544,138 @@ at::Tensor fused_or_base_step(Self& self, torch::optim::Optimizer::LossClosure c
   return loss;
 }
 
+// The archive entry of the master weights: one tensor per parameter that
+// has one, keyed by its flat index in param-group order (as the base
+// classes' own state), and a format marker.
+constexpr const char* kMasterArchive = "torchamp_master_weights";
+
+void save_masters(const torch::optim::Optimizer& opt, const MasterWeights& masters,
+                  torch::serialize::OutputArchive& archive) {
+  if (!masters.on()) {
+    return;
+  }
+  torch::serialize::OutputArchive sub;
+  sub.write("format", c10::IValue(static_cast<int64_t>(1)));
+  const auto& entries = masters.store().entries;
+  size_t flat = 0;
+  for (const auto& group : opt.param_groups()) {
+    for (const auto& p : group.params()) {
+      auto it = entries.find(p.unsafeGetTensorImpl());
+      if (it != entries.end()) {
+        sub.write(std::to_string(flat), it->second.master, /*is_buffer=*/true);
+      }
+      ++flat;
+    }
+  }
+  archive.write(kMasterArchive, sub);
+}
+
+// Reads and checks an archive's master weights against the optimizer,
+// changing nothing.
+std::unordered_map<const c10::TensorImpl*, MasterWeights::Store::Entry> read_masters(
+    const torch::optim::Optimizer& opt, const MasterWeights& masters,
+    torch::serialize::InputArchive& archive) {
+  torch::serialize::InputArchive sub;
+  const bool has = archive.try_read(kMasterArchive, sub);
+  TORCH_CHECK_VALUE(has || !masters.on(),
+                    "torchamp::optim load: this optimizer keeps master weights "
+                    "(FusedOptions().master_weights(true)) but the archive has none (it was saved "
+                    "by an optimizer without them); nothing was loaded.");
+  TORCH_CHECK_VALUE(!has || masters.on(),
+                    "torchamp::optim load: the archive holds master weights ('", kMasterArchive,
+                    "') but this optimizer keeps none; construct it with "
+                    "FusedOptions().master_weights(true). Nothing was loaded.");
+  std::unordered_map<const c10::TensorImpl*, MasterWeights::Store::Entry> loaded;
+  if (!has) {
+    return loaded;
+  }
+  size_t flat = 0;
+  for (const auto& group : opt.param_groups()) {
+    for (const auto& p : group.params()) {
+      const std::string key = std::to_string(flat++);
+      at::Tensor master;
+      if (!sub.try_read(key, master, /*is_buffer=*/true)) {
+        continue;  // no step yet: made at its first
+      }
+      const at::ScalarType want = p.scalar_type() == at::kBFloat16 ? at::kShort : at::kFloat;
+      TORCH_CHECK_VALUE(low_precision(p.scalar_type()) && master.scalar_type() == want &&
+                            master.numel() == p.numel() && master.device() == p.device(),
+                        "torchamp::optim load: the master weight '", key, "' (",
+                        master.scalar_type(), ", ", master.numel(),
+                        " elements) does not fit parameter ", key, " (", p.scalar_type(), ", ",
+                        p.numel(),
+                        " elements); nothing was loaded. A bfloat16 parameter's master is an int16 "
+                        "remainder, a float16 parameter's a float32 copy, one element each.");
+      loaded[p.unsafeGetTensorImpl()] = {p, master.contiguous()};
+    }
+  }
+  return loaded;
+}
+
+// The float32 value of a parameter's master (a new tensor).
+at::Tensor master_value(const MasterWeights& masters, const at::Tensor& param) {
+  const auto& entries = masters.store().entries;
+  auto it = entries.find(param.unsafeGetTensorImpl());
+  if (it == entries.end()) {
+    return at::Tensor();
+  }
+  const at::Tensor& master = it->second.master;
+  if (param.scalar_type() != at::kBFloat16) {
+    return master.clone();
+  }
+  at::Tensor out = at::empty(param.sizes(), param.options().dtype(at::kFloat));
+  const at::Tensor p = param.contiguous();
+  const auto* hi = static_cast<const uint16_t*>(p.data_ptr());
+  const auto* rem = master.data_ptr<int16_t>();
+  auto* bits = static_cast<uint32_t*>(out.data_ptr());
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    bits[i] = (static_cast<uint32_t>(hi[i]) << 16) + static_cast<uint32_t>(int32_t{rem[i]});
+  }
+  return out;
+}
+
 }  // namespace
+
+// What the three optimizers share beyond the step: the constructors with
+// FusedOptions, save/load with the master weights, master_weight.
+#define TORCHAMP_FUSED_OPTIMIZER_COMMON(NAME)                                      \
+  NAME::NAME(std::vector<torch::optim::OptimizerParamGroup> param_groups,          \
+             torch::optim::NAME##Options defaults, FusedOptions fused)             \
+      : torch::optim::NAME(std::move(param_groups), std::move(defaults)),          \
+        masters_(fused.master_weights()) {}                                        \
+  NAME::NAME(std::vector<at::Tensor> params, torch::optim::NAME##Options defaults, \
+             FusedOptions fused)                                                   \
+      : torch::optim::NAME(std::move(params), std::move(defaults)),                \
+        masters_(fused.master_weights()) {}                                        \
+  void NAME::save(torch::serialize::OutputArchive& archive) const {                \
+    torch::optim::NAME::save(archive);                                             \
+    save_masters(*this, masters_, archive);                                        \
+  }                                                                                \
+  void NAME::load(torch::serialize::InputArchive& archive) {                       \
+    auto loaded = read_masters(*this, masters_, archive);                          \
+    torch::optim::NAME::load(archive);                                             \
+    masters_.store().entries = std::move(loaded);                                  \
+    cache_ = StepCache();                                                          \
+  }                                                                                \
+  at::Tensor NAME::master_weight(const at::Tensor& param) const {                  \
+    return master_value(masters_, param);                                          \
+  }
+TORCHAMP_FUSED_OPTIMIZER_COMMON(SGD)
+TORCHAMP_FUSED_OPTIMIZER_COMMON(Adam)
+TORCHAMP_FUSED_OPTIMIZER_COMMON(AdamW)
+#undef TORCHAMP_FUSED_OPTIMIZER_COMMON
 
 at::Tensor SGD::step(LossClosure closure) {
   return fused_or_base_step<SGD, torch::optim::SGD>(*this, std::move(closure));
 }
 
 bool SGD::supports_amp_scaling() const {
-  return prepare<torch::optim::SGDParamState>(*this, cache_.plan(), sgd_tensors);
+  return prepare<torch::optim::SGDParamState>(*this, cache_.plan(), masters_, sgd_tensors);
 }
 
 void SGD::amp_step(const AmpStepArgs& args) {
-  StepCache::Plan& plan = ready_plan<torch::optim::SGDParamState>(*this, cache_, sgd_tensors);
+  StepCache::Plan& plan =
+      ready_plan<torch::optim::SGDParamState>(*this, cache_, masters_, sgd_tensors);
   if (args.found_inf) {  // as ATen's kernels with found_inf set: nothing changes
     return;
   }
@@ -492,11 +701,14 @@ void SGD::amp_step(const AmpStepArgs& args) {
       auto& st = static_cast<torch::optim::SGDParamState&>(*r.state);
       if (!st.momentum_buffer().defined()) {
         // The base class clones the first direction into the buffer.
-        st.momentum_buffer(at::empty_like(p, at::MemoryFormat::Contiguous));
+        st.momentum_buffer(at::empty(p.sizes(), p.options().dtype(c.state_dtype)));
         first = true;
         remember_state(c, st, sgd_tensors);
       }
       buffer = st.momentum_buffer();
+    }
+    if (c.master && r.master_data == nullptr) {
+      r.master_data = make_master(masters_, c);
     }
     const at::Tensor& grad = *r.grad;
     if (!p.device().is_cpu()) {
@@ -518,6 +730,7 @@ void SGD::amp_step(const AmpStepArgs& args) {
     }
     kernels::SgdJob job;
     job.param = r.param_data;
+    job.master = r.master_data;
     job.grad = r.grad_data;
     // The data pointer the walk validated (or remember_state recorded).
     job.momentum_buffer = buffer.defined() ? const_cast<void*>(c.data[0]) : nullptr;
@@ -543,12 +756,13 @@ at::Tensor Adam::step(LossClosure closure) {
 }
 
 bool Adam::supports_amp_scaling() const {
-  return prepare<torch::optim::AdamParamState>(*this, cache_.plan(),
+  return prepare<torch::optim::AdamParamState>(*this, cache_.plan(), masters_,
                                                adam_tensors<torch::optim::AdamParamState>);
 }
 
 void Adam::amp_step(const AmpStepArgs& args) {
-  adam_fused<torch::optim::AdamOptions, torch::optim::AdamParamState>(*this, cache_, args, false);
+  adam_fused<torch::optim::AdamOptions, torch::optim::AdamParamState>(*this, cache_, masters_, args,
+                                                                      false);
 }
 
 at::Tensor AdamW::step(LossClosure closure) {
@@ -556,12 +770,13 @@ at::Tensor AdamW::step(LossClosure closure) {
 }
 
 bool AdamW::supports_amp_scaling() const {
-  return prepare<torch::optim::AdamWParamState>(*this, cache_.plan(),
+  return prepare<torch::optim::AdamWParamState>(*this, cache_.plan(), masters_,
                                                 adam_tensors<torch::optim::AdamWParamState>);
 }
 
 void AdamW::amp_step(const AmpStepArgs& args) {
-  adam_fused<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(*this, cache_, args, true);
+  adam_fused<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(*this, cache_, masters_,
+                                                                        args, true);
 }
 
 }  // namespace optim

@@ -19,7 +19,7 @@ std::string param_name(size_t group, size_t index) {
   return "param_groups[" + std::to_string(group) + "].params[" + std::to_string(index) + "]";
 }
 
-std::vector<GradRef> checked_grads(torch::optim::Optimizer& optimizer) {
+std::vector<GradRef> checked_grads(torch::optim::Optimizer& optimizer, bool allow_fp16) {
   std::vector<GradRef> grads;
   auto& groups = optimizer.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -30,7 +30,7 @@ std::vector<GradRef> checked_grads(torch::optim::Optimizer& optimizer) {
         continue;
       }
       const auto dtype = grad.scalar_type();
-      TORCH_CHECK_VALUE(dtype != at::kHalf,
+      TORCH_CHECK_VALUE(dtype != at::kHalf || allow_fp16,
                         "Attempting to unscale FP16 gradients: ", param_name(g, i),
                         " has a Half gradient. Keep parameters (and so their gradients) in float32 "
                         "and let torchamp::autocast run the forward pass in half precision.");
@@ -39,7 +39,8 @@ std::vector<GradRef> checked_grads(torch::optim::Optimizer& optimizer) {
                                   "gradients: ",
                                   param_name(g, i), " has a ", dtype, " gradient.");
       TORCH_CHECK_NOT_IMPLEMENTED(
-          dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16,
+          dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
+              dtype == at::kHalf,
           "GradScaler can unscale Float, Double and BFloat16 gradients only: ", param_name(g, i),
           " has a ", dtype, " gradient.");
       TORCH_CHECK_NOT_IMPLEMENTED(grad.layout() == at::kStrided || grad.layout() == at::kSparse,
@@ -144,6 +145,16 @@ std::vector<uint8_t> unscale_buckets(Buckets& b, size_t n, std::optional<float> 
     }
   }
   return found;
+}
+
+double sum_squares(const std::vector<GradRef>& grads) {
+  double total = 0;
+  for (const GradRef& ref : grads) {
+    const at::Tensor& grad = ref.param.grad();
+    const at::Tensor values = grad.is_sparse() ? grad.coalesce()._values() : grad;
+    total += values.to(at::kDouble).square().sum().item<double>();
+  }
+  return total;
 }
 
 bool any_of(const std::vector<uint8_t>& flags) {

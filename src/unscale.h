@@ -38,9 +38,15 @@ struct GradRef {
 };
 
 /// Every gradient of the optimizer, validated: throws (and changes nothing) on
-/// the first one the scaler cannot unscale (c10::ValueError for float16,
-/// c10::NotImplementedError for other dtypes and layouts).
-std::vector<GradRef> checked_grads(torch::optim::Optimizer& optimizer);
+/// the first one the scaler cannot unscale (c10::ValueError for float16
+/// unless `allow_fp16`, c10::NotImplementedError for other dtypes and layouts).
+std::vector<GradRef> checked_grads(torch::optim::Optimizer& optimizer, bool allow_fp16);
+
+/// The sum of the squares of every gradient's elements (sparse: of the
+/// values), in double: the general path's counterpart of
+/// SpanList::check_sum_squares. One read per tensor (and a host sync on other
+/// devices).
+double sum_squares(const std::vector<GradRef>& grads);
 
 /// Gradients grouped the way the kernels take them; *_ref map each tensor
 /// back to its position in the GradRef list.

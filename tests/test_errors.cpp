@@ -490,10 +490,11 @@ const std::vector<Row>& rows() {
          (void)f;
          f.paddle.set_decr_every_n_nan_or_inf(-1);
        }},
-      {"E59", Err::kValue, "Attempting to unscale FP16 gradients: param_groups[0].params[1]",
+      {"E59", Err::kNotImplemented,
+       "GradScaler cannot unscale complex gradients: param_groups[0].params[1]",
        [](Fixture& f) {
          (void)f;
-         f.b.mutable_grad() = torch::ones({3}, torch::kHalf);
+         f.b.mutable_grad() = torch::ones({3}, torch::kComplexFloat);
        },
        [](Fixture& f) {
          (void)f;
@@ -556,6 +557,21 @@ const std::vector<Row>& rows() {
 #else
          TORCH_CHECK_VALUE(false, "all_reduce_found_inf: the process group is null");
 #endif
+       }},
+      {"E68", Err::kValue, "GradScaler::clip_grad_norm_: max_norm must be finite and >= 0, got -1",
+       [](Fixture& f) { (void)f; },
+       [](Fixture& f) {
+         (void)f;
+         f.core.clip_grad_norm_(*f.opt, -1.0);
+       }},
+      {"E69", Err::kValue, "Attempting to unscale FP16 gradients: param_groups[0].params[1]",
+       [](Fixture& f) {
+         (void)f;
+         f.b.mutable_grad() = torch::ones({3}, torch::kHalf);
+       },
+       [](Fixture& f) {
+         (void)f;
+         f.core.clip_grad_norm_(*f.opt, 1.0);
        }},
   };
   return table;

@@ -32,6 +32,10 @@ class OutputArchive;
 
 namespace torchamp {
 
+namespace paddle {
+class GradScaler;
+}  // namespace paddle
+
 /// A scaler's serialisable state: a string-keyed dictionary of IValues, the
 /// type `torch::pickle_load(bytes).toGenericDict()` returns. An empty one is
 /// `StateDict(c10::StringType::get(), c10::AnyType::get())`.
@@ -160,6 +164,28 @@ class GradScaler {
   /// `optimizer.step()`.
   std::optional<at::Tensor> step(torch::optim::Optimizer& optimizer);
 
+  /// Clips the gradients' total 2-norm to `max_norm` as
+  /// `unscale_(opt); torch::nn::utils::clip_grad_norm_(params, max_norm);`
+  /// does, and returns the total norm of the real (unscaled) gradients; inf
+  /// or NaN when a gradient overflowed (the step is then skipped).
+  ///
+  /// For an optimizer that takes the scale (`StepSupportsAmpScaling`, e.g.
+  /// torchamp::optim's) nothing is written: the check pass that finds
+  /// overflow also sums the squares of the still-scaled gradients, and the
+  /// clip coefficient (`max_norm / (norm + 1e-6)`, at most 1, as PyTorch's)
+  /// is folded into the scale `step` hands over, so the update divides each
+  /// gradient by `scale / coefficient` in the pass it makes anyway. This is
+  /// also the one way to clip float16 gradients (which `unscale_` refuses).
+  /// Any other optimizer: `unscale_`, then one more pass that multiplies by
+  /// the coefficient. Disabled: clips the gradients as they are.
+  ///
+  /// The norm is this process's: with a sharded optimizer every rank must
+  /// sum the squares of all shards (not done here). Throws `c10::ValueError`
+  /// for a `max_norm` that is negative or not finite; otherwise as `unscale_`
+  /// (and only where `unscale_` would for float16 gradients), with nothing
+  /// changed.
+  double clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm);
+
   /// Closures are refused while enabled (`c10::Error`): a closure re-runs
   /// backward and its gradients would never be unscaled. Disabled: returns
   /// `optimizer.step(closure)`.
@@ -272,6 +298,7 @@ class GradScaler {
     bool checked = false;    // at least one gradient was checked
     bool found_inf = false;  // agreed result (one host sync per device, at unscale)
     bool deferred = false;   // gradients left scaled: the optimizer's amp_step unscales them
+    float clip_coef = 1.0f;  // folded into the scale amp_step divides by (clip_grad_norm_)
   };
 
   // Each optimizer's gradient list, kept between steps (src/grad_cache.h).
@@ -291,9 +318,13 @@ class GradScaler {
     std::unique_ptr<Map> map_;
   };
 
-  // Validates, then unscales (or, with `unscale` false, only checks); returns
-  // whether any gradient was checked. Nothing is changed if it throws.
-  bool unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state, bool unscale);
+  // Validates, then unscales (or, with `unscale` false, only checks, and with
+  // `sum_squares` also sums the squares of every element); returns whether
+  // any gradient was checked. Nothing is changed if it throws.
+  bool unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state, bool unscale,
+                      double* sum_squares = nullptr);
+  // The stage checks of unscale_ and clip_grad_norm_.
+  void check_ready_for_unscale_(const torch::optim::Optimizer& optimizer) const;
   // Records the agreed flag and the non-finite gradients of one check.
   void record_(const torch::optim::Optimizer& optimizer, OptimizerState& state,
                std::optional<bool> agreed, std::vector<NonFiniteGradient> report);
@@ -307,6 +338,11 @@ class GradScaler {
   bool enabled_;
   int64_t max_consecutive_skips_;
   int64_t consecutive_skips_ = 0;
+
+  // The Paddle facade unscales float16 gradients (Paddle's `_unscale`); this
+  // class refuses them, as PyTorch's.
+  friend class paddle::GradScaler;
+  bool unscale_fp16_ = false;
 
   FoundInfReducer found_inf_reducer_;
   std::unordered_map<const void*, std::string> parameter_names_;  // by TensorImpl

@@ -52,6 +52,27 @@
 /// Call `scaler.unscale_(opt)` first to work on real gradients (clipping); the
 /// step then does not unscale them again.
 ///
+/// float16 parameters take the fused update too (computed in float32, each
+/// stored tensor rounded once, as bfloat16), so the scaler can hand them the
+/// scale (Python's fused path accepts float16 gradients).
+///
+/// Master weights (`FusedOptions().master_weights(true)`, Paddle's
+/// `multi_precision`): for float16 and bfloat16 parameters the optimizer
+/// keeps a float32 master and float32 state, computes the update in float32
+/// against the master and writes the parameter as the master rounded. A
+/// bfloat16 parameter's master is the parameter's own 16 bits plus a 16-bit
+/// remainder (TransformerEngine's scheme: exactly a float32 master, 2 bytes
+/// per parameter; the parameter is the master rounded to nearest, ties away
+/// from zero); a float16 parameter's is a float32 copy (4 bytes; rounded to
+/// nearest even). Masters are made at a parameter's first step and are
+/// optimizer state: `save`/`load` (and so `torch::save`/`torch::load`)
+/// carry them exactly. A value written into a float16 parameter outside the
+/// optimizer is overwritten by its master at the next step. With master
+/// weights every step must be fused: a float16/bfloat16 parameter on CUDA, or
+/// any gradient the fused update cannot take, throws
+/// `c10::NotImplementedError` (from `step`, `supports_amp_scaling` and so
+/// `GradScaler::step`) before anything changes.
+///
 /// ATen's own fused ops are not used on the CPU: they take a float step
 /// tensor per parameter (the base class keeps an int64 count), read gradients
 /// by raw pointer whatever their strides, and fused SGD on bfloat16 is broken in
@@ -61,6 +82,7 @@
 
 #include <torchamp/amp_step.h>
 
+#include <torch/arg.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -69,6 +91,32 @@
 
 namespace torchamp {
 namespace optim {
+
+/// torchamp's own options of a fused optimizer, beside LibTorch's:
+/// `AdamW opt(params, AdamWOptions(1e-3), FusedOptions().master_weights(true));`
+struct FusedOptions {
+  /// float32 master weights and state for float16 and bfloat16 parameters
+  /// (Paddle's `multi_precision`). Default false: parameters of every dtype
+  /// are updated in their own storage, as LibTorch's optimizers.
+  TORCH_ARG(bool, master_weights) = false;
+};
+
+/// The float32 master weights of a fused optimizer (its part of the state).
+/// Internal: reach them through the optimizers' `master_weight(param)`.
+class MasterWeights {
+ public:
+  explicit MasterWeights(bool on = false);
+  ~MasterWeights();
+  MasterWeights(const MasterWeights& other) = delete;
+  MasterWeights& operator=(const MasterWeights& other) = delete;
+  bool on() const { return on_; }
+  struct Store;
+  Store& store() const { return *store_; }
+
+ private:
+  bool on_;
+  std::unique_ptr<Store> store_;
+};
 
 /// What a fused optimizer keeps between steps so that its per-parameter
 /// bookkeeping is a small constant: each parameter's state key (computed
@@ -109,36 +157,81 @@ class StepCache {
 class SGD : public torch::optim::SGD, public StepSupportsAmpScaling {
  public:
   using torch::optim::SGD::SGD;
+  SGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+      torch::optim::SGDOptions defaults, FusedOptions fused);
+  SGD(std::vector<at::Tensor> params, torch::optim::SGDOptions defaults, FusedOptions fused);
   at::Tensor step(LossClosure closure = nullptr) override;
   bool supports_amp_scaling() const override;
   void amp_step(const AmpStepArgs& args) override;
+  /// The base class's state, then the master weights (when on).
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Reads and checks the master weights first, then loads the base class's
+  /// state. Throws `c10::ValueError`, changing nothing, for an archive with
+  /// master weights into an optimizer without them or the reverse, or a
+  /// master that does not fit its parameter (dtype, size).
+  void load(torch::serialize::InputArchive& archive) override;
+  FusedOptions fused_options() const { return FusedOptions().master_weights(masters_.on()); }
+  /// `param`'s float32 master (a new tensor, bit-exact); undefined before
+  /// its first step or without master weights.
+  at::Tensor master_weight(const at::Tensor& param) const;
 
  private:
   StepCache cache_;
+  MasterWeights masters_;
 };
 
 /// `torch::optim::Adam` with a fused step.
 class Adam : public torch::optim::Adam, public StepSupportsAmpScaling {
  public:
   using torch::optim::Adam::Adam;
+  Adam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+       torch::optim::AdamOptions defaults, FusedOptions fused);
+  Adam(std::vector<at::Tensor> params, torch::optim::AdamOptions defaults, FusedOptions fused);
   at::Tensor step(LossClosure closure = nullptr) override;
   bool supports_amp_scaling() const override;
   void amp_step(const AmpStepArgs& args) override;
+  /// The base class's state, then the master weights (when on).
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Reads and checks the master weights first, then loads the base class's
+  /// state. Throws `c10::ValueError`, changing nothing, for an archive with
+  /// master weights into an optimizer without them or the reverse, or a
+  /// master that does not fit its parameter (dtype, size).
+  void load(torch::serialize::InputArchive& archive) override;
+  FusedOptions fused_options() const { return FusedOptions().master_weights(masters_.on()); }
+  /// `param`'s float32 master (a new tensor, bit-exact); undefined before
+  /// its first step or without master weights.
+  at::Tensor master_weight(const at::Tensor& param) const;
 
  private:
   StepCache cache_;
+  MasterWeights masters_;
 };
 
 /// `torch::optim::AdamW` with a fused step.
 class AdamW : public torch::optim::AdamW, public StepSupportsAmpScaling {
  public:
   using torch::optim::AdamW::AdamW;
+  AdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+        torch::optim::AdamWOptions defaults, FusedOptions fused);
+  AdamW(std::vector<at::Tensor> params, torch::optim::AdamWOptions defaults, FusedOptions fused);
   at::Tensor step(LossClosure closure = nullptr) override;
   bool supports_amp_scaling() const override;
   void amp_step(const AmpStepArgs& args) override;
+  /// The base class's state, then the master weights (when on).
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Reads and checks the master weights first, then loads the base class's
+  /// state. Throws `c10::ValueError`, changing nothing, for an archive with
+  /// master weights into an optimizer without them or the reverse, or a
+  /// master that does not fit its parameter (dtype, size).
+  void load(torch::serialize::InputArchive& archive) override;
+  FusedOptions fused_options() const { return FusedOptions().master_weights(masters_.on()); }
+  /// `param`'s float32 master (a new tensor, bit-exact); undefined before
+  /// its first step or without master weights.
+  at::Tensor master_weight(const at::Tensor& param) const;
 
  private:
   StepCache cache_;
+  MasterWeights masters_;
 };
 
 }  // namespace optim

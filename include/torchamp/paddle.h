@@ -45,7 +45,8 @@ class GradScaler {
 
   /// `var * scale` (dtype and device kept); disabled: `var` itself.
   at::Tensor scale(const at::Tensor& var) { return core_.scale(var); }
-  /// As torchamp::GradScaler::unscale_.
+  /// As torchamp::GradScaler::unscale_, but float16 gradients are unscaled
+  /// too, as Paddle's `_unscale` does (float32 multiply, rounded once).
   void unscale_(torch::optim::Optimizer& optimizer) { core_.unscale_(optimizer); }
   /// As torchamp::GradScaler::step: `nullopt` when skipped.
   std::optional<at::Tensor> step(torch::optim::Optimizer& optimizer) {

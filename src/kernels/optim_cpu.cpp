@@ -12,6 +12,7 @@
 #include "kernels.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,42 +22,124 @@ namespace torchamp {
 namespace kernels {
 namespace {
 
-// Storage type S, compute type M.
+// Element storage: load() widens to the compute type M, store() rounds once.
 template <class S>
 struct Io {
+  using T = S;
   using M = S;
   static M load(const S* p, int64_t i) { return p[i]; }
   static void store(S* p, int64_t i, M v) { p[i] = v; }
 };
-template <>
-struct Io<uint16_t> {  // bfloat16 bits
+struct Bf16 {  // bfloat16 bits, rounded to nearest even (c10::BFloat16)
+  using T = uint16_t;
   using M = float;
   static float load(const uint16_t* p, int64_t i) { return bf16_to_float(p[i]); }
   static void store(uint16_t* p, int64_t i, float v) { p[i] = float_to_bf16(v); }
 };
+struct F16 {  // float16 bits, with c10::Half's own conversions
+  using T = uint16_t;
+  using M = float;
+  static float load(const uint16_t* p, int64_t i) {
+    return c10::detail::fp16_ieee_to_fp32_value(p[i]);
+  }
+  static void store(uint16_t* p, int64_t i, float v) {
+    p[i] = c10::detail::fp16_ieee_from_fp32_value(v);
+  }
+};
+
+// How the update reads and writes a parameter's value (in M).
+template <class E>
+struct PlainParam {  // the parameter is the value
+  using M = typename E::M;
+  typename E::T* __restrict p;
+  explicit PlainParam(const void* param, const void* /*master*/)
+      : p(static_cast<typename E::T*>(const_cast<void*>(param))) {}
+  M load(int64_t i) const { return E::load(p, i); }
+  void store(int64_t i, M v) { E::store(p, i, v); }
+};
+
+// A bfloat16 parameter whose float32 master is its own 16 bits and a signed
+// 16-bit remainder: master bits = (param << 16) + remainder. Storing splits
+// the master's bits so that this holds exactly: the parameter is the high
+// half, plus one where the low half is 0x8000 or more (the remainder is then
+// that low half minus 0x10000). That is rounding to nearest with ties away
+// from zero: each bfloat16 value then stands for exactly 65,536 float32 bit
+// patterns, which round to nearest even (65,535 or 65,537) cannot give.
+struct Bf16Master {
+  using M = float;
+  uint16_t* __restrict p;
+  int16_t* __restrict r;
+  Bf16Master(const void* param, const void* remainder)
+      : p(static_cast<uint16_t*>(const_cast<void*>(param))),
+        r(static_cast<int16_t*>(const_cast<void*>(remainder))) {}
+  float load(int64_t i) const {
+    return float_of((static_cast<uint32_t>(p[i]) << 16) +
+                    static_cast<uint32_t>(static_cast<int32_t>(r[i])));
+  }
+  void store(int64_t i, float v) {
+    const uint32_t b = bits_of(v);
+    const auto rem = static_cast<int16_t>(static_cast<uint16_t>(b & 0xffffu));
+    p[i] = static_cast<uint16_t>((b >> 16) + (rem < 0 ? 1u : 0u));
+    r[i] = rem;
+  }
+};
+
+// A float16 parameter with a full float32 master; the parameter is the
+// master rounded to nearest even.
+struct F16Master {
+  using M = float;
+  uint16_t* __restrict p;
+  float* __restrict m;
+  F16Master(const void* param, const void* master)
+      : p(static_cast<uint16_t*>(const_cast<void*>(param))),
+        m(static_cast<float*>(const_cast<void*>(master))) {}
+  float load(int64_t i) const { return m[i]; }
+  void store(int64_t i, float v) {
+    m[i] = v;
+    p[i] = c10::detail::fp16_ieee_from_fp32_value(v);
+  }
+};
 
 // The gradient as the update reads it: divided by the loss scale and written
 // back divided (kUnscale, as ATen's fused ops with a grad_scale), else as is.
-template <class S, bool kUnscale>
-__attribute__((always_inline)) inline typename Io<S>::M read_grad(S* __restrict g, int64_t i,
-                                                                  typename Io<S>::M scale) {
-  auto gi = Io<S>::load(g, i);
+template <class G, bool kUnscale>
+__attribute__((always_inline)) inline typename G::M read_grad(typename G::T* __restrict g,
+                                                              int64_t i, typename G::M scale) {
+  auto gi = G::load(g, i);
   if (kUnscale) {
     gi = gi / scale;
-    Io<S>::store(g, i, gi);
+    G::store(g, i, gi);
   }
   return gi;
 }
 
-template <class S, bool kDecoupled, bool kAmsgrad, bool kUnscale>
+// A kind of parameter the kernels take: P, the parameter's access; G, the
+// gradient's storage; S, the state's.
+template <class P_, class G_, class S_>
+struct Kind {
+  using P = P_;
+  using G = G_;
+  using S = S_;
+};
+using KindF32 = Kind<PlainParam<Io<float>>, Io<float>, Io<float>>;
+using KindF64 = Kind<PlainParam<Io<double>>, Io<double>, Io<double>>;
+using KindBf16 = Kind<PlainParam<Bf16>, Bf16, Bf16>;
+using KindF16 = Kind<PlainParam<F16>, F16, F16>;
+using KindBf16Master = Kind<Bf16Master, Bf16, Io<float>>;
+using KindF16Master = Kind<F16Master, F16, Io<float>>;
+
+template <class K, bool kDecoupled, bool kAmsgrad, bool kUnscale>
 __attribute__((always_inline)) inline void adam_loop(const AdamJob& j, int64_t b, int64_t e,
                                                      float grad_scale) {
-  using M = typename Io<S>::M;
-  S* __restrict p = static_cast<S*>(j.param);
-  S* __restrict g = static_cast<S*>(j.grad);
-  S* __restrict m = static_cast<S*>(j.exp_avg);
-  S* __restrict v = static_cast<S*>(j.exp_avg_sq);
-  S* __restrict vmax = static_cast<S*>(j.max_exp_avg_sq);
+  using P = typename K::P;
+  using G = typename K::G;
+  using S = typename K::S;
+  using M = typename P::M;
+  P p(j.param, j.master);
+  auto* __restrict g = static_cast<typename G::T*>(j.grad);
+  auto* __restrict m = static_cast<typename S::T*>(j.exp_avg);
+  auto* __restrict v = static_cast<typename S::T*>(j.exp_avg_sq);
+  auto* __restrict vmax = static_cast<typename S::T*>(j.max_exp_avg_sq);
   // As ATen rounds its Scalars to the tensor's compute type.
   const M scale = static_cast<M>(grad_scale);
   const M beta1 = static_cast<M>(j.beta1), one_minus_beta1 = static_cast<M>(1 - j.beta1);
@@ -67,8 +150,8 @@ __attribute__((always_inline)) inline void adam_loop(const AdamJob& j, int64_t b
   const M decay = static_cast<M>(1 - j.lr * j.weight_decay);
   const bool has_wd = j.weight_decay != 0;
   for (int64_t i = b; i < e; ++i) {
-    M gi = read_grad<S, kUnscale>(g, i, scale);
-    M pi = Io<S>::load(p, i);
+    M gi = read_grad<G, kUnscale>(g, i, scale);
+    M pi = p.load(i);
     if (has_wd) {
       if (kDecoupled) {
         pi = pi * decay;  // param.mul_(1 - lr * weight_decay)
@@ -76,69 +159,92 @@ __attribute__((always_inline)) inline void adam_loop(const AdamJob& j, int64_t b
         gi = gi + wd * pi;  // grad.add(param, weight_decay)
       }
     }
-    const M mi = Io<S>::load(m, i) * beta1 + one_minus_beta1 * gi;
-    const M vi = Io<S>::load(v, i) * beta2 + one_minus_beta2 * gi * gi;
+    const M mi = S::load(m, i) * beta1 + one_minus_beta1 * gi;
+    const M vi = S::load(v, i) * beta2 + one_minus_beta2 * gi * gi;
     M vd = vi;
     if (kAmsgrad) {
-      vd = std::max(Io<S>::load(vmax, i), vi);  // max_out(max_exp_avg_sq, exp_avg_sq, ...)
-      Io<S>::store(vmax, i, vd);
+      vd = std::max(S::load(vmax, i), vi);  // max_out(max_exp_avg_sq, exp_avg_sq, ...)
+      S::store(vmax, i, vd);
     }
     const M denom = std::sqrt(vd) / bc2_sqrt + eps;
     pi = pi + neg_step_size * mi / denom;  // param.addcdiv_(exp_avg, denom, -step_size)
-    // Each stored tensor rounded once (bfloat16); the update used the unrounded values.
-    Io<S>::store(m, i, mi);
-    Io<S>::store(v, i, vi);
-    Io<S>::store(p, i, pi);
+    // Each stored tensor rounded once (16-bit storage); the update used the unrounded values.
+    S::store(m, i, mi);
+    S::store(v, i, vi);
+    p.store(i, pi);
   }
 }
 
 // The clones: target_clones does not apply to templates, so one plain
 // function per instantiation; NAME(j, b, e, scale) with or without the unscale.
-#define TORCHAMP_ADAM_LOOP(NAME, S, DECOUPLED, AMSGRAD)                                         \
+#define TORCHAMP_ADAM_LOOP(NAME, KIND, DECOUPLED, AMSGRAD)                                      \
   TORCHAMP_TARGET_CLONES void NAME(const AdamJob& j, int64_t b, int64_t e, float s) {           \
-    adam_loop<S, DECOUPLED, AMSGRAD, false>(j, b, e, s);                                        \
+    adam_loop<KIND, DECOUPLED, AMSGRAD, false>(j, b, e, s);                                     \
   }                                                                                             \
   TORCHAMP_TARGET_CLONES void NAME##_unscale(const AdamJob& j, int64_t b, int64_t e, float s) { \
-    adam_loop<S, DECOUPLED, AMSGRAD, true>(j, b, e, s);                                         \
+    adam_loop<KIND, DECOUPLED, AMSGRAD, true>(j, b, e, s);                                      \
   }
-TORCHAMP_ADAM_LOOP(adam_f32, float, false, false)
-TORCHAMP_ADAM_LOOP(adam_f32_ams, float, false, true)
-TORCHAMP_ADAM_LOOP(adamw_f32, float, true, false)
-TORCHAMP_ADAM_LOOP(adamw_f32_ams, float, true, true)
-TORCHAMP_ADAM_LOOP(adam_f64, double, false, false)
-TORCHAMP_ADAM_LOOP(adam_f64_ams, double, false, true)
-TORCHAMP_ADAM_LOOP(adamw_f64, double, true, false)
-TORCHAMP_ADAM_LOOP(adamw_f64_ams, double, true, true)
-TORCHAMP_ADAM_LOOP(adam_bf16, uint16_t, false, false)
-TORCHAMP_ADAM_LOOP(adam_bf16_ams, uint16_t, false, true)
-TORCHAMP_ADAM_LOOP(adamw_bf16, uint16_t, true, false)
-TORCHAMP_ADAM_LOOP(adamw_bf16_ams, uint16_t, true, true)
+#define TORCHAMP_ADAM_LOOPS(NAME, KIND)                    \
+  TORCHAMP_ADAM_LOOP(adam_##NAME, KIND, false, false)      \
+  TORCHAMP_ADAM_LOOP(adam_##NAME##_ams, KIND, false, true) \
+  TORCHAMP_ADAM_LOOP(adamw_##NAME, KIND, true, false)      \
+  TORCHAMP_ADAM_LOOP(adamw_##NAME##_ams, KIND, true, true)
+TORCHAMP_ADAM_LOOPS(f32, KindF32)
+TORCHAMP_ADAM_LOOPS(f64, KindF64)
+TORCHAMP_ADAM_LOOPS(bf16, KindBf16)
+TORCHAMP_ADAM_LOOPS(f16, KindF16)
+TORCHAMP_ADAM_LOOPS(bf16_master, KindBf16Master)
+TORCHAMP_ADAM_LOOPS(f16_master, KindF16Master)
+#undef TORCHAMP_ADAM_LOOPS
 #undef TORCHAMP_ADAM_LOOP
+
+// A job's kind: the first index of the loop tables below.
+int kind_of(at::ScalarType dtype, const void* master) {
+  switch (dtype) {
+    case at::kFloat:
+      return 0;
+    case at::kDouble:
+      return 1;
+    case at::kBFloat16:
+      return master != nullptr ? 4 : 2;
+    case at::kHalf:
+      return master != nullptr ? 5 : 3;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "unreachable dtype ", dtype);
+  }
+}
 
 using AdamLoop = void (*)(const AdamJob&, int64_t, int64_t, float);
 
-// The loop for a job: [dtype][decoupled][amsgrad][unscale].
-AdamLoop adam_loop_for(const AdamJob& j, bool unscale) {
-  static const AdamLoop kLoops[3][2][2][2] = {
-      {{{adam_f32, adam_f32_unscale}, {adam_f32_ams, adam_f32_ams_unscale}},
-       {{adamw_f32, adamw_f32_unscale}, {adamw_f32_ams, adamw_f32_ams_unscale}}},
-      {{{adam_f64, adam_f64_unscale}, {adam_f64_ams, adam_f64_ams_unscale}},
-       {{adamw_f64, adamw_f64_unscale}, {adamw_f64_ams, adamw_f64_ams_unscale}}},
-      {{{adam_bf16, adam_bf16_unscale}, {adam_bf16_ams, adam_bf16_ams_unscale}},
-       {{adamw_bf16, adamw_bf16_unscale}, {adamw_bf16_ams, adamw_bf16_ams_unscale}}},
-  };
-  const int d = j.dtype == at::kFloat ? 0 : j.dtype == at::kDouble ? 1 : 2;
-  TORCH_INTERNAL_ASSERT(d < 2 || j.dtype == at::kBFloat16, "unreachable dtype ", j.dtype);
-  return kLoops[d][j.decoupled][j.max_exp_avg_sq != nullptr][unscale];
-}
+#define TORCHAMP_ADAM_ROW(NAME)                                                             \
+  {                                                                                         \
+    {{adam_##NAME, adam_##NAME##_unscale}, {adam_##NAME##_ams, adam_##NAME##_ams_unscale}}, \
+        {{adamw_##NAME, adamw_##NAME##_unscale},                                            \
+         {adamw_##NAME##_ams, adamw_##NAME##_ams_unscale}},                                 \
+  }
 
-template <class S, bool kUnscale>
+// The loop for a job: [kind][decoupled][amsgrad][unscale].
+AdamLoop adam_loop_for(const AdamJob& j, bool unscale) {
+  static const AdamLoop kLoops[6][2][2][2] = {
+      TORCHAMP_ADAM_ROW(f32), TORCHAMP_ADAM_ROW(f64),         TORCHAMP_ADAM_ROW(bf16),
+      TORCHAMP_ADAM_ROW(f16), TORCHAMP_ADAM_ROW(bf16_master), TORCHAMP_ADAM_ROW(f16_master),
+  };
+  TORCH_INTERNAL_ASSERT(j.master == nullptr || j.dtype == at::kBFloat16 || j.dtype == at::kHalf,
+                        "a master weight for a ", j.dtype, " parameter");
+  return kLoops[kind_of(j.dtype, j.master)][j.decoupled][j.max_exp_avg_sq != nullptr][unscale];
+}
+#undef TORCHAMP_ADAM_ROW
+
+template <class K, bool kUnscale>
 __attribute__((always_inline)) inline void sgd_loop(const SgdJob& j, int64_t b, int64_t e,
                                                     float grad_scale) {
-  using M = typename Io<S>::M;
-  S* __restrict p = static_cast<S*>(j.param);
-  S* __restrict g = static_cast<S*>(j.grad);
-  S* __restrict buf = static_cast<S*>(j.momentum_buffer);
+  using P = typename K::P;
+  using G = typename K::G;
+  using S = typename K::S;
+  using M = typename P::M;
+  P p(j.param, j.master);
+  auto* __restrict g = static_cast<typename G::T*>(j.grad);
+  auto* __restrict buf = static_cast<typename S::T*>(j.momentum_buffer);
   const M scale = static_cast<M>(grad_scale);
   const M wd = static_cast<M>(j.weight_decay);
   const M momentum = static_cast<M>(j.momentum);
@@ -147,46 +253,50 @@ __attribute__((always_inline)) inline void sgd_loop(const SgdJob& j, int64_t b, 
   const bool has_wd = j.weight_decay != 0, has_momentum = buf != nullptr, first = j.first,
              nesterov = j.nesterov;
   for (int64_t i = b; i < e; ++i) {
-    M d = read_grad<S, kUnscale>(g, i, scale);
-    const M pi = Io<S>::load(p, i);
+    M d = read_grad<G, kUnscale>(g, i, scale);
+    const M pi = p.load(i);
     if (has_wd) {
       d = d + wd * pi;  // d_p.add(param, weight_decay)
     }
     if (has_momentum) {
       // First step: clone(d_p); then buf.mul_(momentum).add_(d_p, 1 - dampening).
-      const M bi = first ? d : Io<S>::load(buf, i) * momentum + one_minus_dampening * d;
-      Io<S>::store(buf, i, bi);
+      const M bi = first ? d : S::load(buf, i) * momentum + one_minus_dampening * d;
+      S::store(buf, i, bi);
       d = nesterov ? d + momentum * bi : bi;
     }
-    Io<S>::store(p, i, pi + neg_lr * d);
+    p.store(i, pi + neg_lr * d);
   }
 }
 
-#define TORCHAMP_SGD_LOOP(NAME, S)                                                             \
+#define TORCHAMP_SGD_LOOP(NAME, KIND)                                                          \
   TORCHAMP_TARGET_CLONES void NAME(const SgdJob& j, int64_t b, int64_t e, float s) {           \
-    sgd_loop<S, false>(j, b, e, s);                                                            \
+    sgd_loop<KIND, false>(j, b, e, s);                                                         \
   }                                                                                            \
   TORCHAMP_TARGET_CLONES void NAME##_unscale(const SgdJob& j, int64_t b, int64_t e, float s) { \
-    sgd_loop<S, true>(j, b, e, s);                                                             \
+    sgd_loop<KIND, true>(j, b, e, s);                                                          \
   }
-TORCHAMP_SGD_LOOP(sgd_f32, float)
-TORCHAMP_SGD_LOOP(sgd_f64, double)
-TORCHAMP_SGD_LOOP(sgd_bf16, uint16_t)
+TORCHAMP_SGD_LOOP(sgd_f32, KindF32)
+TORCHAMP_SGD_LOOP(sgd_f64, KindF64)
+TORCHAMP_SGD_LOOP(sgd_bf16, KindBf16)
+TORCHAMP_SGD_LOOP(sgd_f16, KindF16)
+TORCHAMP_SGD_LOOP(sgd_bf16_master, KindBf16Master)
+TORCHAMP_SGD_LOOP(sgd_f16_master, KindF16Master)
 #undef TORCHAMP_SGD_LOOP
 
 using SgdLoop = void (*)(const SgdJob&, int64_t, int64_t, float);
 
 SgdLoop sgd_loop_for(const SgdJob& j, bool unscale) {
-  switch (j.dtype) {
-    case at::kFloat:
-      return unscale ? sgd_f32_unscale : sgd_f32;
-    case at::kDouble:
-      return unscale ? sgd_f64_unscale : sgd_f64;
-    case at::kBFloat16:
-      return unscale ? sgd_bf16_unscale : sgd_bf16;
-    default:
-      TORCH_INTERNAL_ASSERT(false, "unreachable dtype ", j.dtype);
-  }
+  static const SgdLoop kLoops[6][2] = {
+      {sgd_f32, sgd_f32_unscale},
+      {sgd_f64, sgd_f64_unscale},
+      {sgd_bf16, sgd_bf16_unscale},
+      {sgd_f16, sgd_f16_unscale},
+      {sgd_bf16_master, sgd_bf16_master_unscale},
+      {sgd_f16_master, sgd_f16_master_unscale},
+  };
+  TORCH_INTERNAL_ASSERT(j.master == nullptr || j.dtype == at::kBFloat16 || j.dtype == at::kHalf,
+                        "a master weight for a ", j.dtype, " parameter");
+  return kLoops[kind_of(j.dtype, j.master)][unscale];
 }
 
 // Runs loop_for(job, unscale)(job, begin, end, scale) over every job's
@@ -207,7 +317,8 @@ void run_jobs(const std::vector<Job>& jobs, const float* grad_scale, LoopFor loo
 }  // namespace
 
 bool optim_supports(at::ScalarType dtype) {
-  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16;
+  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
+         dtype == at::kHalf;
 }
 
 void adam_step_cpu(const std::vector<AdamJob>& jobs, const float* grad_scale) {

@@ -6,8 +6,13 @@
 // split across ATen's intra-op threads: the gradient is read once (with a
 // `grad_scale`, divided by it and written back divided, as ATen's fused ops
 // do), the parameter and the state are read and written once. float32 and float64 compute in their
-// own type; bfloat16 in float32, each stored tensor rounded once (round to nearest even, as
-// c10::BFloat16).
+// own type; bfloat16 and float16 in float32, each stored tensor rounded once (round to nearest
+// even, as c10::BFloat16 and c10::Half).
+//
+// Master weights (`master` set, bfloat16 and float16 parameters only): the state is float32, the
+// update runs against the float32 master, and the parameter is written as the master rounded. A
+// bfloat16 parameter's master is the parameter's 16 bits and an int16 remainder (`master`:
+// numel int16), a float16 parameter's a float32 copy (`master`: numel float32).
 
 #include <c10/core/ScalarType.h>
 
@@ -22,7 +27,8 @@ namespace kernels {
 /// double; the kernel rounds them to the compute type as ATen's ops do.
 struct AdamJob {
   void* param;
-  void* grad;  // written back only when unscaled
+  void* master = nullptr;  // see the top of this file
+  void* grad;              // written back only when unscaled
   void* exp_avg;
   void* exp_avg_sq;
   void* max_exp_avg_sq;  // null unless amsgrad
@@ -43,7 +49,8 @@ struct AdamJob {
 /// direction) rather than read.
 struct SgdJob {
   void* param;
-  void* grad;  // written back only when unscaled
+  void* master = nullptr;  // see the top of this file
+  void* grad;              // written back only when unscaled
   void* momentum_buffer;
   int64_t numel;
   at::ScalarType dtype;
@@ -55,7 +62,7 @@ struct SgdJob {
   bool first;
 };
 
-/// True for the dtypes the fused kernels take: float32, float64, bfloat16.
+/// True for the dtypes the fused kernels take: float32, float64, bfloat16, float16.
 bool optim_supports(at::ScalarType dtype);
 
 /// One step of every job. `grad_scale` (ATen's `grad_scale`): null, or the
