@@ -14,7 +14,18 @@
 //   ceiling     the bytes an ideal fused AdamW moves (read parameter,
 //               gradient and both moments, write parameter and both moments)
 //               as a plain streaming loop with the same threads.
-// Cases: float32 parameters, 1 x 16M, 100 x 160k, 10,000 x 100, 100,000 x 10.
+//   master_adamw_{bf16,f16}  torchamp::optim::AdamW with master weights on
+//               bfloat16 / float16 parameters (float32 state; bfloat16's
+//               master is an int16 remainder, float16's a float32 copy),
+//               against fused_adamw and base_adamw on float32 parameters;
+//               the second table gives each one's bytes per parameter
+//               (parameters + gradients + optimizer state, summed over the
+//               tensors that exist after a step) and its speed as a share
+//               of the ceiling (bytes it must move / time, over the
+//               ceiling's GB/s).
+// Cases: float32 parameters, 1 x 16M, 100 x 160k, 10,000 x 100, 100,000 x 10
+// (1 x 16M moves 470 MB a step: above a 260 MB last-level cache). Master
+// weights: 1 x 16M and 10,000 x 100.
 // The table's "us/param" and "of ceiling" beside AdamW + scaler are the
 // scaled fused step's time per parameter and the ceiling's time over it: on
 // many small tensors they show the per-parameter bookkeeping (the ceiling's
@@ -70,12 +81,12 @@ void sync() {
 }
 
 // Fresh parameters with gradients (fixed: the same every step).
-std::vector<at::Tensor> make_params(const Case& c) {
+std::vector<at::Tensor> make_params(const Case& c, at::ScalarType dtype = at::kFloat) {
   torch::manual_seed(0);
   std::vector<at::Tensor> ps;
   for (int64_t i = 0; i < c.tensors; ++i) {
-    auto p = torch::randn({c.elements}).to(g_device);
-    p.mutable_grad() = (torch::randn({c.elements}) * 1e-3).to(g_device);
+    auto p = torch::randn({c.elements}).to(g_device, dtype);
+    p.mutable_grad() = (torch::randn({c.elements}) * 1e-3).to(g_device, dtype);
     ps.push_back(p);
   }
   return ps;
@@ -141,6 +152,57 @@ void bm_amp_step(benchmark::State& state, const Case& c, Options options, bool u
     sync();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * adamw_bytes(c)));
+}
+
+// Bytes per parameter of an AdamW optimizer over `ps` after a step, summed
+// over the tensors that exist: parameters, gradients, the moments and the
+// master weights' storage (the int64 step counts are not tensors).
+double adamw_bytes_per_param(const torchamp::optim::AdamW& opt, const std::vector<at::Tensor>& ps) {
+  double bytes = 0, n = 0;
+  for (const auto& p : ps) {
+    n += static_cast<double>(p.numel());
+    bytes += static_cast<double>(p.nbytes() + p.grad().nbytes());
+    const at::Tensor master = opt.master_weight_storage(p);
+    bytes += master.defined() ? static_cast<double>(master.nbytes()) : 0.0;
+  }
+  for (const auto& kv : opt.state()) {
+    const auto& st = static_cast<const torch::optim::AdamWParamState&>(*kv.second);
+    bytes += static_cast<double>(st.exp_avg().nbytes() + st.exp_avg_sq().nbytes());
+  }
+  return bytes / n;
+}
+
+std::map<std::string, double> g_bytes_per_param;
+
+// Bytes a master-weights AdamW step must move per element: bfloat16 reads
+// the parameter, its remainder, the gradient and both moments (2+2+2+4+4)
+// and writes all but the gradient (2+2+4+4); float16 reads the float32
+// master instead of the parameter (2+4+4+4) and writes the parameter, master
+// and moments (2+4+4+4).
+double master_bytes(const Case& c, at::ScalarType dtype) {
+  return total_elements(c) * (dtype == at::kBFloat16 ? 26.0 : 28.0);
+}
+
+void bm_master(benchmark::State& state, const Case& c, at::ScalarType dtype,
+               torch::optim::AdamWOptions options, const std::string& name) {
+  auto ps = make_params(c, dtype);
+  torchamp::optim::AdamW opt(ps, options, torchamp::optim::FusedOptions().master_weights(true));
+  opt.step();  // the first step creates the state and the masters: not timed
+  g_bytes_per_param[name] = adamw_bytes_per_param(opt, ps);
+  for (auto _ : state) {
+    opt.step();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * master_bytes(c, dtype)));
+}
+
+// The float32 fused AdamW's bytes per parameter, for the table.
+void note_f32_bytes(const Case& c, torch::optim::AdamWOptions options, const std::string& name) {
+  if (g_device.is_cpu() && !g_bytes_per_param.count(name)) {
+    auto ps = make_params(c);
+    torchamp::optim::AdamW opt(ps, options);
+    opt.step();
+    g_bytes_per_param[name] = adamw_bytes_per_param(opt, ps);
+  }
 }
 
 TORCHAMP_TARGET_CLONES void stream7(float* __restrict p, const float* __restrict g,
@@ -230,6 +292,16 @@ int main(int argc, char** argv) {
     reg("fused_sgd" + s,
         [c, sgd](benchmark::State& st) { bm_step<torchamp::optim::SGD>(st, c, sgd); });
     reg("ceiling" + s, [c](benchmark::State& st) { bm_ceiling(st, c); });
+    const bool master_case = c.tensors == 1 || c.tensors == 10000;
+    if (master_case && g_device.is_cpu()) {  // master weights: torchamp's CPU kernels only
+      for (auto dtype : {at::kBFloat16, at::kHalf}) {
+        const std::string name =
+            std::string(dtype == at::kBFloat16 ? "master_adamw_bf16" : "master_adamw_f16") + s;
+        reg(name, [c, adamw, dtype, name](benchmark::State& st) {
+          bm_master(st, c, dtype, adamw, name);
+        });
+      }
+    }
   }
   torchamp_bench::Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);
@@ -262,6 +334,32 @@ int main(int argc, char** argv) {
         ceiling > 0 ? gbps / ceiling : 0.0, ms("base_sgd" + s), ms("fused_sgd" + s),
         ms("base_sgd" + s) / ms("fused_sgd" + s),
         (ms("unscaling_amp_adamw" + s) / ms("amp_adamw" + s) - 1) * 100);
+  }
+  if (g_device.is_cpu()) {
+    std::printf(
+        "\nMaster weights (AdamW, %d threads): ms per step (medians), bytes per parameter "
+        "(parameters + gradients + state, from the tensors), GB/s of the bytes each must move "
+        "and that over the ceiling's\n"
+        "| case | parameters | ms | vs float32 fused | vs LibTorch float32 | bytes/param | GB/s | "
+        "of ceiling |\n|---|---|---|---|---|---|---|---|\n",
+        at::get_num_threads());
+    for (const auto& c : kCases) {
+      const std::string s = std::string("/") + c.name;
+      if (!t.count("master_adamw_bf16" + s) || !t.count("fused_adamw" + s)) {
+        continue;
+      }
+      note_f32_bytes(c, adamw, "fused_adamw" + s);
+      const double ceiling = t.count("ceiling" + s) ? adamw_bytes(c) / t["ceiling" + s] / 1e9 : 0;
+      auto row = [&](const char* label, const std::string& key, double bytes) {
+        const double gbps = bytes / t[key] / 1e9;
+        std::printf("| %s | %s | %.3f | %.2fx | %.2fx | %.1f | %.1f | %.2f |\n", c.name, label,
+                    t[key] * 1e3, t["fused_adamw" + s] / t[key], t["base_adamw" + s] / t[key],
+                    g_bytes_per_param[key], gbps, ceiling > 0 ? gbps / ceiling : 0.0);
+      };
+      row("float32 (fused)", "fused_adamw" + s, adamw_bytes(c));
+      row("bfloat16 + master (remainder)", "master_adamw_bf16" + s, master_bytes(c, at::kBFloat16));
+      row("float16 + master (float32 copy)", "master_adamw_f16" + s, master_bytes(c, at::kHalf));
+    }
   }
   benchmark::Shutdown();
   return 0;

@@ -612,16 +612,17 @@ std::unordered_map<const c10::TensorImpl*, MasterWeights::Store::Entry> read_mas
   return loaded;
 }
 
-// The float32 value of a parameter's master (a new tensor).
-at::Tensor master_value(const MasterWeights& masters, const at::Tensor& param) {
+at::Tensor master_storage(const MasterWeights& masters, const at::Tensor& param) {
   const auto& entries = masters.store().entries;
   auto it = entries.find(param.unsafeGetTensorImpl());
-  if (it == entries.end()) {
-    return at::Tensor();
-  }
-  const at::Tensor& master = it->second.master;
-  if (param.scalar_type() != at::kBFloat16) {
-    return master.clone();
+  return it == entries.end() ? at::Tensor() : it->second.master;
+}
+
+// The float32 value of a parameter's master (a new tensor).
+at::Tensor master_value(const MasterWeights& masters, const at::Tensor& param) {
+  const at::Tensor master = master_storage(masters, param);
+  if (!master.defined() || param.scalar_type() != at::kBFloat16) {
+    return master.defined() ? master.clone() : master;
   }
   at::Tensor out = at::empty(param.sizes(), param.options().dtype(at::kFloat));
   const at::Tensor p = param.contiguous();
@@ -659,6 +660,9 @@ at::Tensor master_value(const MasterWeights& masters, const at::Tensor& param) {
   }                                                                                \
   at::Tensor NAME::master_weight(const at::Tensor& param) const {                  \
     return master_value(masters_, param);                                          \
+  }                                                                                \
+  at::Tensor NAME::master_weight_storage(const at::Tensor& param) const {          \
+    return master_storage(masters_, param);                                        \
   }
 TORCHAMP_FUSED_OPTIMIZER_COMMON(SGD)
 TORCHAMP_FUSED_OPTIMIZER_COMMON(Adam)

@@ -70,6 +70,27 @@ endif()
 if(NOT out MATCHES "\\| fp16\\+scaler \\| [0-9.]+ \\| [5-9][0-9]\\.[0-9]+% \\|")
   message(FATAL_ERROR "fused AdamW did not learn:\n${out}")
 endif()
+# The <dtype>-params modes: the model in bfloat16/float16, master weights in
+# the optimizer (not in fp16-params). The table's bytes per parameter come
+# from the tensors: SGD with momentum holds parameter, gradient and buffer,
+# float32 4+4+4; bfloat16 + remainder 2+2+4+2; float16 + float32 copy
+# 2+2+4+4; float16 alone 2+2+2.
+execute_process(COMMAND "${APP}" --task mlp --epochs 2 --batch-size 64
+                        --modes fp32,bf16-params,fp16-params+scaler,fp16-params --out "${WORK}/params"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "torchamp-train --modes ...-params failed (${rc}):\n${out}\n${err}")
+endif()
+foreach(row "fp32 [^\n]* 12\\.0 " "bf16-params [^\n]* 10\\.0 "
+            "fp16-params\\+scaler [^\n]* 12\\.0 " "fp16-params [^\n]* 6\\.0 ")
+  if(NOT out MATCHES "\\| ${row}\\| [0-9]+ MB \\|")
+    message(FATAL_ERROR "no row matching '${row}' with bytes/param and peak RSS:\n${out}")
+  endif()
+endforeach()
+if(NOT out MATCHES "\\| bf16-params \\| [0-9.]+ \\| [5-9][0-9]\\.[0-9]+% \\|" OR
+   NOT out MATCHES "\\| fp16-params\\+scaler \\| [0-9.]+ \\| [5-9][0-9]\\.[0-9]+% \\|")
+  message(FATAL_ERROR "the master-weights modes did not learn:\n${out}")
+endif()
 execute_process(COMMAND "${APP}" --optimizer lamb --out "${WORK}/bad"
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 2 OR NOT "${out}${err}" MATCHES "optimizer")

@@ -1,12 +1,14 @@
 // The CPU kernel layer: results bit-identical to the scalar reference, the
 // non-finite flag (overall and per tensor) exact, on edge values and on
 // tensors large enough to be split across threads.
+#include "kernels/bf16.h"
 #include "kernels/kernels.h"
 
 #include <torch/torch.h>
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -154,6 +156,37 @@ TEST(Kernel, Bfloat16EveryBitPatternAtEitherAlignment) {
       EXPECT_TRUE(bitwise_equal(t, expected)) << "offset " << offset << " inv " << inv;
     }
   }
+}
+
+// The kernels' branch-free float16 conversions are c10::Half's: every
+// float16 pattern one way; every float32 pattern in a stride that covers
+// each exponent and the rounding bits, and the boundaries, the other way.
+TEST(Kernel, Float16ConversionsAreC10Halfs) {
+  int64_t wrong = 0;
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const float ours = torchamp::kernels::f16_to_float(static_cast<uint16_t>(h));
+    const float c10s = c10::detail::fp16_ieee_to_fp32_value(static_cast<uint16_t>(h));
+    const bool nan = std::isnan(ours) && std::isnan(c10s);
+    wrong += !nan && torchamp::kernels::bits_of(ours) != torchamp::kernels::bits_of(c10s);
+  }
+  EXPECT_EQ(wrong, 0) << "float16 -> float32";
+  std::vector<uint32_t> xs;
+  for (uint64_t x = 0; x <= 0xffffffffull; x += 4099) {
+    xs.push_back(static_cast<uint32_t>(x));
+  }
+  for (uint32_t base : {0x38800000u, 0x38000000u, 0x33000000u, 0x477fe000u, 0x477ff000u,
+                        0x7f800000u, 0x3f800000u}) {
+    for (uint32_t d = 0; d < 0x3000u; ++d) {
+      xs.push_back(base + d - 0x1800u);
+      xs.push_back((base + d - 0x1800u) | 0x80000000u);
+    }
+  }
+  wrong = 0;
+  for (uint32_t x : xs) {
+    const float f = torchamp::kernels::float_of(x);
+    wrong += torchamp::kernels::float_to_f16(f) != c10::detail::fp16_ieee_from_fp32_value(f);
+  }
+  EXPECT_EQ(wrong, 0) << "float32 -> float16, of " << xs.size();
 }
 
 TEST(Kernel, Bfloat16FastAndPortableLoopsAgreeBitForBit) {

@@ -165,7 +165,12 @@ def main():
     init = load_from_cpp(os.path.join(args.run_dir, "initial.pt"))
     cpp = read_csv(os.path.join(args.run_dir, "metrics.csv"))
     cpp_summary = {r["mode"]: r for r in read_csv(os.path.join(args.run_dir, "summary.csv"))}
-    modes = [m for m in cfg["modes"].split(",") if not m.startswith("cuda")]
+    # The <dtype>-params modes have no Python counterpart: PyTorch's optimizers
+    # keep no master weights (torchamp's would have to be written again in Python).
+    skipped = [m for m in cfg["modes"].split(",") if "-params" in m]
+    if skipped:
+        print(f"not compared (no master weights in PyTorch's optimizers): {', '.join(skipped)}")
+    modes = [m for m in cfg["modes"].split(",") if not m.startswith("cuda") and m not in skipped]
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads: task {cfg['task']}, "
           f"{cfg['epochs']} epochs, batch {cfg['batch-size']}, "
           f"{'fused ' if cfg['fused'] == '1' else ''}{cfg['optimizer']}, lr {cfg['lr']}")

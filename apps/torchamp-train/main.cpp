@@ -77,7 +77,7 @@ class ProgressPrinter {
       if (r.step % 5 == 0 || last) {
         const int width = 24;
         const auto filled = static_cast<int>(width * (r.step + 1) / total);
-        std::cout << "\r\033[K" << std::left << std::setw(17) << mode << "["
+        std::cout << "\r\033[K" << std::left << std::setw(19) << mode << "["
                   << std::string(filled, '#') << std::string(width - filled, '.') << "] " << line
                   << std::flush;
       }
@@ -85,7 +85,7 @@ class ProgressPrinter {
         std::cout << "\n";
       }
     } else if (last || (r.step + 1) % per_epoch == 0) {
-      std::cout << std::left << std::setw(17) << mode << line << "\n";
+      std::cout << std::left << std::setw(19) << mode << line << "\n";
     }
   }
 
@@ -117,7 +117,7 @@ std::string percent(double f) {
 
 const char* const kSummaryHeader =
     "mode,scaled,final_loss,test_accuracy,skipped,final_scale,underflow,subnormal,seconds,step_ms,"
-    "train_step_ms";
+    "train_step_ms,bytes_per_param,peak_rss_mb";
 
 std::string g17(double v) {
   char buf[64];
@@ -212,7 +212,8 @@ class RunFolder {
     summary_ << m.mode << "," << (m.scaled ? 1 : 0) << "," << g17(m.final_loss) << ","
              << g17(m.test_accuracy) << "," << m.skipped << "," << g17(m.final_scale) << ","
              << g17(m.underflow) << "," << g17(m.subnormal) << "," << g17(m.seconds) << ","
-             << g17(m.step_ms) << "," << g17(m.train_step_ms) << "\n";
+             << g17(m.step_ms) << "," << g17(m.train_step_ms) << "," << g17(m.bytes_per_param)
+             << "," << g17(m.peak_rss_mb) << "\n";
   }
 
   // Flushes both logs and records their sizes (a checkpoint's bookmark).
@@ -234,7 +235,7 @@ class RunFolder {
     std::getline(f, line);  // header
     while (std::getline(f, line)) {
       const auto v = split_csv(line);
-      if (v.size() != 11) {
+      if (v.size() != 13) {
         throw std::runtime_error("malformed summary.csv line: " + line);
       }
       ModeSummary m;
@@ -249,6 +250,8 @@ class RunFolder {
       m.seconds = std::stod(v[8]);
       m.step_ms = std::stod(v[9]);
       m.train_step_ms = std::stod(v[10]);
+      m.bytes_per_param = std::stod(v[11]);
+      m.peak_rss_mb = std::stod(v[12]);
       all.push_back(m);
     }
     return all;
@@ -330,15 +333,17 @@ class RankLog {
 void print_table(std::ostream& os, const std::vector<ModeSummary>& results) {
   os << "\n| mode | final train loss | test accuracy | skipped steps | final scale "
         "| fp16-flushed act. grads | fp16-subnormal act. grads | optimizer step | training step "
-        "| wall time |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n";
+        "| wall time | bytes/param | peak RSS |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results) {
     char row[512];
     std::snprintf(row, sizeof row,
-                  "| %s | %.4f | %.2f%% | %lld | %g | %s | %s | %.3f ms | %.3f ms | %.1f s |\n",
+                  "| %s | %.4f | %.2f%% | %lld | %g | %s | %s | %.3f ms | %.3f ms | %.1f s | %.1f "
+                  "| %.0f MB |\n",
                   r.mode.c_str(), r.final_loss, 100.0 * r.test_accuracy,
                   static_cast<long long>(r.skipped), r.final_scale, percent(r.underflow).c_str(),
-                  percent(r.subnormal).c_str(), r.step_ms, r.train_step_ms, r.seconds);
+                  percent(r.subnormal).c_str(), r.step_ms, r.train_step_ms, r.seconds,
+                  r.bytes_per_param, r.peak_rss_mb);
     os << row;
   }
 }
@@ -465,7 +470,7 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
       "precision mode, comparing float32, float16 without and with loss scaling, and bfloat16."};
   Config config;
   config.data = default_data_path();
-  config.modes = available_modes();
+  config.modes = default_modes();
   std::string out_dir, resume_dir;
   int64_t seed = 0;
   int64_t checkpoint_every = 0;

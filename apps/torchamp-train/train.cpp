@@ -66,14 +66,14 @@ struct Net : torch::nn::Module {
     out = register_module("out", torch::nn::Linear(in, 10));
   }
 
-  // `half_storage`: round-trip activations through float16. `stats`: when
-  // given, one per activation, each measures its activation's gradient on
-  // the way back.
-  at::Tensor forward(at::Tensor x, bool half_storage, std::vector<Underflow>* stats) {
+  // `storage`: the dtype activations round-trip through (float32: none).
+  // `stats`: when given, one per activation, each measures its activation's
+  // gradient on the way back.
+  at::Tensor forward(at::Tensor x, at::ScalarType storage, std::vector<Underflow>* stats) {
     size_t index = 0;
     auto store = [&](at::Tensor a) {
-      if (half_storage) {
-        a = a.to(at::kHalf).to(at::kFloat);
+      if (storage != at::kFloat) {
+        a = a.to(storage).to(at::kFloat);
       }
       if (stats != nullptr && a.requires_grad()) {
         Underflow* s = &(*stats)[index];
@@ -83,20 +83,29 @@ struct Net : torch::nn::Module {
       return a;
     };
     for (auto& layer : layers) {
-      x = linear(layer, x, half_storage);
+      x = linear(layer, x, storage);
       x = store(sigmoid ? torch::sigmoid(x) : torch::tanh(x));
     }
-    return store(linear(out, x, half_storage));
+    return store(linear(out, x, storage));
   }
 
-  // With `half`, what float16 autocast does to a Linear's numbers: its
-  // weight, bias and output rounded to float16, and so (on the way back)
-  // their gradients: a weight gradient too small for float16 is zero.
-  static at::Tensor linear(torch::nn::Linear& layer, const at::Tensor& x, bool half) {
-    if (!half) {
+  // With a float16 `storage`, what float16 autocast does to a Linear's
+  // numbers: its weight, bias and output rounded to float16, and so (on the
+  // way back) their gradients: a weight gradient too small for float16 is
+  // zero. Float16/bfloat16 parameters (the <dtype>-params modes): float32
+  // arithmetic on their exact values, the output rounded to `storage`; the
+  // casts hand the parameters gradients of their own dtype.
+  static at::Tensor linear(torch::nn::Linear& layer, const at::Tensor& x, at::ScalarType storage) {
+    const bool low_params = layer->weight.scalar_type() != at::kFloat;
+    if (storage == at::kFloat && !low_params) {
       return layer->forward(x);
     }
-    auto round = [](const at::Tensor& t) { return t.to(at::kHalf).to(at::kFloat); };
+    auto round = [storage](const at::Tensor& t) { return t.to(storage).to(at::kFloat); };
+    if (low_params) {
+      const at::Tensor y = torch::nn::functional::linear(x, layer->weight.to(at::kFloat),
+                                                         layer->bias.to(at::kFloat));
+      return storage == at::kFloat ? y : round(y);
+    }
     return round(torch::nn::functional::linear(x, round(layer->weight), round(layer->bias)));
   }
 
@@ -111,26 +120,32 @@ bool cuda_present() {
 
 // LibTorch's optimizer, or torchamp's fused one of the same name (the same
 // options either way).
+// `masters`: torchamp's fused optimizer with float32 master weights (the
+// <dtype>-params modes), whatever config.fused says.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> params,
-                                                        const Config& config) {
+                                                        const Config& config,
+                                                        std::optional<bool> masters = {}) {
+  const bool fused = config.fused || masters.has_value();
+  const auto fused_options =
+      torchamp::optim::FusedOptions().master_weights(masters.value_or(false));
   if (config.optimizer == "adamw") {
     const auto options = torch::optim::AdamWOptions(config.lr).weight_decay(1e-4);
-    if (config.fused) {
-      return std::make_unique<torchamp::optim::AdamW>(std::move(params), options);
+    if (fused) {
+      return std::make_unique<torchamp::optim::AdamW>(std::move(params), options, fused_options);
     }
     return std::make_unique<torch::optim::AdamW>(std::move(params), options);
   }
   if (config.optimizer == "adam") {
     const auto options = torch::optim::AdamOptions(config.lr);
-    if (config.fused) {
-      return std::make_unique<torchamp::optim::Adam>(std::move(params), options);
+    if (fused) {
+      return std::make_unique<torchamp::optim::Adam>(std::move(params), options, fused_options);
     }
     return std::make_unique<torch::optim::Adam>(std::move(params), options);
   }
   TORCH_CHECK_VALUE(config.optimizer == "sgd", "unknown optimizer '", config.optimizer, "'");
   const auto options = torch::optim::SGDOptions(config.lr).momentum(0.9);
-  if (config.fused) {
-    return std::make_unique<torchamp::optim::SGD>(std::move(params), options);
+  if (fused) {
+    return std::make_unique<torchamp::optim::SGD>(std::move(params), options, fused_options);
   }
   return std::make_unique<torch::optim::SGD>(std::move(params), options);
 }
@@ -373,19 +388,80 @@ bool pin_mkl_to_one_thread() {
   return true;
 }
 
+double bytes_per_param(const torch::optim::Optimizer& optimizer,
+                       const std::vector<at::Tensor>& params) {
+  double bytes = 0, elements = 0;
+  auto add = [&bytes](const at::Tensor& t) {
+    bytes += t.defined() ? static_cast<double>(t.nbytes()) : 0.0;
+  };
+  for (const auto& p : params) {
+    elements += static_cast<double>(p.numel());
+    add(p);
+    add(p.grad());
+  }
+  for (const auto& kv : optimizer.state()) {
+    const auto* state = kv.second.get();
+    if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+      add(s->exp_avg());
+      add(s->exp_avg_sq());
+      add(s->max_exp_avg_sq());
+    } else if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+      add(a->exp_avg());
+      add(a->exp_avg_sq());
+      add(a->max_exp_avg_sq());
+    } else if (const auto* m = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+      add(m->momentum_buffer());
+    }
+  }
+  for (const auto& p : params) {
+    if (const auto* o = dynamic_cast<const torchamp::optim::AdamW*>(&optimizer)) {
+      add(o->master_weight_storage(p));
+    } else if (const auto* a = dynamic_cast<const torchamp::optim::Adam*>(&optimizer)) {
+      add(a->master_weight_storage(p));
+    } else if (const auto* g = dynamic_cast<const torchamp::optim::SGD*>(&optimizer)) {
+      add(g->master_weight_storage(p));
+    }
+  }
+  return elements > 0 ? bytes / elements : 0.0;
+}
+
+// The peak resident memory since the last reset: Linux's VmHWM, which
+// writing 5 to /proc/self/clear_refs resets (Linux 4.0+); 0 where unknown.
+void reset_peak_rss() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
+
+double peak_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      return std::stod(line.substr(6)) / 1024.0;  // kB
+    }
+  }
+  return 0.0;
+}
+
 bool cpu_fp16_autocast() {
   return torchamp::autocast::is_supported(torch::kCPU, torch::kHalf);
 }
 
 std::vector<std::string> known_modes() {
-  return {"fp32", "fp16", "fp16+scaler", "bf16+scaler", "cuda-fp16+scaler"};
+  return {"fp32",        "fp16",        "fp16+scaler",        "bf16+scaler",
+          "bf16-params", "fp16-params", "fp16-params+scaler", "cuda-fp16+scaler"};
 }
 
-std::vector<std::string> available_modes() {
+std::vector<std::string> default_modes() {
   std::vector<std::string> modes = {"fp32", "fp16", "fp16+scaler", "bf16+scaler"};
   if (cuda_present()) {
     modes.push_back("cuda-fp16+scaler");
   }
+  return modes;
+}
+
+std::vector<std::string> available_modes() {
+  std::vector<std::string> modes = default_modes();
+  modes.insert(modes.end(), {"bf16-params", "fp16-params", "fp16-params+scaler"});
   return modes;
 }
 
@@ -448,13 +524,24 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
   const torch::Device device = cuda ? torch::kCUDA : torch::kCPU;
   const int rank = parallel.rank();
   const bool sharded = parallel.sharded();
+  // <dtype>-params: the model itself in float16/bfloat16; master weights
+  // except in fp16-params (which shows what they prevent).
+  const at::ScalarType param_dtype = mode.rfind("fp16-params", 0) == 0   ? at::kHalf
+                                     : mode.rfind("bf16-params", 0) == 0 ? at::kBFloat16
+                                                                         : at::kFloat;
+  const bool low_params = param_dtype != at::kFloat;
+  if (low_params && parallel.distributed()) {
+    throw std::invalid_argument("mode " + mode + " runs on one process only");
+  }
+  const at::ScalarType storage = half_storage ? at::kHalf : low_params ? param_dtype : at::kFloat;
+  reset_peak_rss();
 
   ModeSummary result;
   result.mode = mode;
   result.scaled = mode.find("+scaler") != std::string::npos;
 
   const auto net = initial_net(config, task);
-  net->to(device);
+  net->to(device, param_dtype);
   const std::vector<at::Tensor> params = net->parameters();
   // Sharded: this rank's optimizer holds (and steps) only the parameters it owns.
   std::vector<int> owner(params.size(), rank);
@@ -471,7 +558,9 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
       mine.push_back(params[i]);
     }
   }
-  const std::unique_ptr<torch::optim::Optimizer> optimizer_ptr = make_optimizer(mine, config);
+  const std::unique_ptr<torch::optim::Optimizer> optimizer_ptr =
+      low_params ? make_optimizer(mine, config, mode != "fp16-params")
+                 : make_optimizer(mine, config);
   torch::optim::Optimizer& optimizer = *optimizer_ptr;
   torchamp::GradScaler scaler(torchamp::GradScalerOptions()
                                   .init_scale(config.init_scale)
@@ -587,7 +676,7 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
   const at::Tensor x_test = test.x.to(device), y_test = test.y.to(device);
   auto accuracy = [&](const at::Tensor& x, const at::Tensor& y) {
     torch::NoGradGuard no_grad;
-    const at::Tensor pred = net->forward(x, false, nullptr).argmax(1);
+    const at::Tensor pred = net->forward(x, at::kFloat, nullptr).argmax(1);
     return pred.eq(y).to(torch::kDouble).mean().item<double>();
   };
   const int64_t n = x_train.size(0);
@@ -614,7 +703,7 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
       torchamp::autocast guard(
           device, fp16_autocast ? std::optional<at::ScalarType>(torch::kHalf) : std::nullopt,
           /*enabled=*/autocast_bf16 || fp16_autocast || cuda);
-      const at::Tensor logits = net->forward(x, half_storage, &stats);
+      const at::Tensor logits = net->forward(x, storage, &stats);
       guard.exit();
       // Each rank's loss is the mean over its slice, as DDP's: its gradients
       // have the size of the whole batch's, so float16 overflows at about the
@@ -719,7 +808,7 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
 
   torch::NoGradGuard no_grad;
   result.final_loss =
-      torch::nn::functional::cross_entropy(net->forward(x_train, false, nullptr), y_train)
+      torch::nn::functional::cross_entropy(net->forward(x_train, at::kFloat, nullptr), y_train)
           .item<double>();
   result.test_accuracy = accuracy(x_test, y_test);
   result.final_scale = scaler.get_scale();
@@ -729,6 +818,8 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.step_ms = step > 0 ? 1e3 * step_seconds / static_cast<double>(step) : 0.0;
   result.train_step_ms = step > 0 ? 1e3 * train_seconds / static_cast<double>(step) : 0.0;
+  result.bytes_per_param = bytes_per_param(optimizer, mine);
+  result.peak_rss_mb = peak_rss_mb();
   return result;
 }
 

@@ -7,6 +7,8 @@
 #include "data.h"
 #include "parallel.h"
 
+#include <torch/optim/optimizer.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -88,7 +90,19 @@ struct ModeSummary {
   double seconds = 0;  // wall time of the mode (over all processes that ran it)
   double step_ms = 0;  // mean time of the optimizer step (scaler.step: unscale, check, update)
   double train_step_ms = 0;  // mean time of a whole training step (forward to update)
+  double bytes_per_param =
+      0;                   // parameters + gradients + optimizer state (this rank's), per element
+  double peak_rss_mb = 0;  // the process's peak resident memory during the mode
 };
+
+/// Bytes per parameter element of `params` with their gradients and
+/// `optimizer`'s state, summed over the tensors that exist (moments, momentum
+/// buffers, torchamp's master weights).
+double bytes_per_param(const torch::optim::Optimizer& optimizer,
+                       const std::vector<at::Tensor>& params);
+/// Resets / reads the process's peak resident memory (Linux; 0 elsewhere).
+void reset_peak_rss();
+double peak_rss_mb();
 
 /// Whether the fp16 modes run under real CPU float16 autocast (LibTorch >=
 /// 2.2); otherwise they store activations in float16 between layers.
@@ -104,6 +118,9 @@ bool pin_mkl_to_one_thread();
 /// "fp32", "fp16", "fp16+scaler", "bf16+scaler", and "cuda-fp16+scaler" when
 /// the linked LibTorch has CUDA and a GPU is present.
 std::vector<std::string> available_modes();
+/// The modes a run without --modes trains: the available ones but the
+/// <dtype>-params modes.
+std::vector<std::string> default_modes();
 /// All mode names the program knows, available here or not.
 std::vector<std::string> known_modes();
 

@@ -174,6 +174,9 @@ class SGD : public torch::optim::SGD, public StepSupportsAmpScaling {
   /// `param`'s float32 master (a new tensor, bit-exact); undefined before
   /// its first step or without master weights.
   at::Tensor master_weight(const at::Tensor& param) const;
+  /// What is stored for `param`'s master: the int16 remainder (bfloat16) or
+  /// the float32 copy (float16), shared, not a copy; undefined when none.
+  at::Tensor master_weight_storage(const at::Tensor& param) const;
 
  private:
   StepCache cache_;
@@ -201,6 +204,9 @@ class Adam : public torch::optim::Adam, public StepSupportsAmpScaling {
   /// `param`'s float32 master (a new tensor, bit-exact); undefined before
   /// its first step or without master weights.
   at::Tensor master_weight(const at::Tensor& param) const;
+  /// What is stored for `param`'s master: the int16 remainder (bfloat16) or
+  /// the float32 copy (float16), shared, not a copy; undefined when none.
+  at::Tensor master_weight_storage(const at::Tensor& param) const;
 
  private:
   StepCache cache_;
@@ -228,6 +234,9 @@ class AdamW : public torch::optim::AdamW, public StepSupportsAmpScaling {
   /// `param`'s float32 master (a new tensor, bit-exact); undefined before
   /// its first step or without master weights.
   at::Tensor master_weight(const at::Tensor& param) const;
+  /// What is stored for `param`'s master: the int16 remainder (bfloat16) or
+  /// the float32 copy (float16), shared, not a copy; undefined when none.
+  at::Tensor master_weight_storage(const at::Tensor& param) const;
 
  private:
   StepCache cache_;

@@ -12,7 +12,6 @@
 #include "kernels.h"
 
 #include <c10/util/Exception.h>
-#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
@@ -36,15 +35,11 @@ struct Bf16 {  // bfloat16 bits, rounded to nearest even (c10::BFloat16)
   static float load(const uint16_t* p, int64_t i) { return bf16_to_float(p[i]); }
   static void store(uint16_t* p, int64_t i, float v) { p[i] = float_to_bf16(v); }
 };
-struct F16 {  // float16 bits, with c10::Half's own conversions
+struct F16 {  // float16 bits, converted exactly as c10::Half
   using T = uint16_t;
   using M = float;
-  static float load(const uint16_t* p, int64_t i) {
-    return c10::detail::fp16_ieee_to_fp32_value(p[i]);
-  }
-  static void store(uint16_t* p, int64_t i, float v) {
-    p[i] = c10::detail::fp16_ieee_from_fp32_value(v);
-  }
+  static float load(const uint16_t* p, int64_t i) { return f16_to_float(p[i]); }
+  static void store(uint16_t* p, int64_t i, float v) { p[i] = float_to_f16(v); }
 };
 
 // How the update reads and writes a parameter's value (in M).
@@ -96,7 +91,7 @@ struct F16Master {
   float load(int64_t i) const { return m[i]; }
   void store(int64_t i, float v) {
     m[i] = v;
-    p[i] = c10::detail::fp16_ieee_from_fp32_value(v);
+    p[i] = float_to_f16(v);
   }
 };
 

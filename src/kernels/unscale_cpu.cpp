@@ -12,7 +12,6 @@
 #include "bf16.h"
 
 #include <c10/util/Exception.h>
-#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <atomic>
@@ -242,13 +241,14 @@ bool unscale_span_bf16(uint16_t* p, int64_t n, float inv) {
   return unscale_span(p, n, inv);
 }
 
-// float16 (for ATen's op only; the GradScaler refuses float16 gradients):
-// converted with c10::Half's own routines, so the result is c10::Half's.
+// float16 (ATen's op, and the Paddle facade's unscale; the GradScaler itself
+// refuses float16 gradients): converted exactly as c10::Half (bf16.h).
+TORCHAMP_TARGET_CLONES
 bool unscale_half_span(uint16_t* p, int64_t n, float inv) {
   uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     bad |= static_cast<uint32_t>((p[i] & 0x7c00u) == 0x7c00u);
-    p[i] = c10::detail::fp16_ieee_from_fp32_value(c10::detail::fp16_ieee_to_fp32_value(p[i]) * inv);
+    p[i] = float_to_f16(f16_to_float(p[i]) * inv);
   }
   return bad != 0;
 }
@@ -332,9 +332,8 @@ bool sum_squares_bf16_span(const uint16_t* p, int64_t n, double* out) {
 }
 TORCHAMP_TARGET_CLONES
 bool sum_squares_half_span(const uint16_t* p, int64_t n, double* out) {
-  return sum_squares_loop(n, out, [p](int64_t i) {
-    return static_cast<double>(c10::detail::fp16_ieee_to_fp32_value(p[i]));
-  });
+  return sum_squares_loop(n, out,
+                          [p](int64_t i) { return static_cast<double>(f16_to_float(p[i])); });
 }
 
 bool sum_squares_of(const SpanList::Span& s, int64_t begin, int64_t end, double* out) {
