@@ -63,21 +63,33 @@ bool unscale_span(double* p, int64_t n, float inv) {
 // (which made it compute-bound at about half the memory's speed). A half is
 // inf/NaN when its exponent bits are all ones: adding 0x0080 to them carries
 // into its top bit, which never crosses into the other half.
+//
+// The rounding is float_to_bf16's without its NaN case: a NaN input times a
+// finite scale is a NaN whose low 16 bits are zero (the input's), so the
+// rounding adds no carry and gives a NaN; a finite or infinite input gives no
+// NaN. So NaNs out are exactly NaNs in, and fix_bf16_nans turns them into
+// c10::BFloat16's 0x7FC0 afterwards, only where the check saw an inf/NaN.
 TORCHAMP_TARGET_CLONES
 bool unscale_bf16_pairs(uint32_t* __restrict w, int64_t n, float inv) {
   uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t x = w[i];
     bad |= (x & 0x7f807f80u) + 0x00800080u;
-    const float lo = float_of(x << 16) * inv;
-    const float hi = float_of(x & 0xffff0000u) * inv;
-    const uint32_t bl = bits_of(lo), bh = bits_of(hi);
-    // float_to_bf16 of each: round to nearest even, NaN -> 0x7FC0.
-    const uint32_t rl = lo != lo ? 0x7fc0u : (bl + 0x7fffu + ((bl >> 16) & 1u)) >> 16;
-    const uint32_t rh = hi != hi ? 0x7fc00000u : (bh + 0x7fffu + ((bh >> 16) & 1u)) & 0xffff0000u;
-    w[i] = rh | rl;
+    const uint32_t bl = bits_of(float_of(x << 16) * inv);
+    const uint32_t bh = bits_of(float_of(x & 0xffff0000u) * inv);
+    // Round to nearest even, each half.
+    w[i] = ((bh + 0x7fffu + ((bh >> 16) & 1u)) & 0xffff0000u) |
+           ((bl + 0x7fffu + ((bl >> 16) & 1u)) >> 16);
   }
   return (bad & 0x80008000u) != 0;
+}
+
+void fix_bf16_nans(uint16_t* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if ((p[i] & 0x7fffu) > 0x7f80u) {
+      p[i] = 0x7fc0u;
+    }
+  }
 }
 
 bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
@@ -94,7 +106,10 @@ bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
   const int64_t pairs = n / 2;
   // p is 4-byte aligned here (a bfloat16 tensor's data is at least 2-byte
   // aligned); its words are read only as words in this loop.
-  bad = unscale_bf16_pairs(reinterpret_cast<uint32_t*>(p), pairs, inv) || bad;
+  if (unscale_bf16_pairs(reinterpret_cast<uint32_t*>(p), pairs, inv)) {
+    fix_bf16_nans(p, 2 * pairs);
+    bad = true;
+  }
   if (n % 2 != 0) {
     one(p[n - 1]);
   }
