@@ -95,6 +95,7 @@ struct CachedParam {
   at::Tensor param;  // held: its address (its state key) cannot be reused while cached
   StateKey key;      // computed once: on LibTorch 1.13 a formatted string
   size_t group;
+  size_t index;                             // in its group, for errors
   bool master = false;                      // it has (or will have) a master weight
   at::ScalarType state_dtype = at::kFloat;  // its state's: float32 with a master
   // The state last validated, with its tensors' identities (held, so that a
@@ -292,6 +293,7 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
         c.param = p;
         c.key = compat::optim_state_key(state, p);
         c.group = g;
+        c.index = static_cast<size_t>(&p - groups[g].params().data());
         c.master = masters.on() && low_precision(p.scalar_type());
         c.state_dtype = c.master ? at::kFloat : p.scalar_type();
         auto it = store.find(p.unsafeGetTensorImpl());
@@ -306,7 +308,6 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
   }
   // Each parameter with a gradient, and its state.
   const auto& store = masters.store().entries;
-  size_t group_start = 0;  // flat index of the first parameter of c.group
   for (size_t i = 0; i < plan.params.size(); ++i) {
     prefetch_ahead(plan, i + 2 * kPrefetchDistance);
     prefetch_storages(plan, i + kPrefetchDistance);
@@ -318,12 +319,9 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
     if (!grad.defined()) {
       continue;
     }
-    if (c.group > 0 && (i == 0 || plan.params[i - 1].group != c.group)) {
-      group_start = i;
-    }
     if (!fusable_param(p, grad, c.master)) {
       if (masters.on()) {
-        refuse_unfusable(c.group, i - group_start, p, grad, "parameter or gradient");
+        refuse_unfusable(c.group, c.index, p, grad, "parameter or gradient");
       }
       return false;
     }
@@ -332,7 +330,7 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
       const StateTensors ts = tensors_of(static_cast<const State&>(*st));
       if (!same_state(c, st, ts) && !accept_state(c, st, ts)) {
         if (masters.on()) {
-          refuse_unfusable(c.group, i - group_start, p, grad, "state");
+          refuse_unfusable(c.group, c.index, p, grad, "state");
         }
         return false;
       }
@@ -342,7 +340,7 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
       auto it = store.find(p.unsafeGetTensorImpl());
       if (it != store.end()) {
         TORCH_CHECK(it->second.master.numel() == p.numel(), "torchamp::optim: param_groups[",
-                    c.group, "].params[", i - group_start, "] changed size (", p.numel(),
+                    c.group, "].params[", c.index, "] changed size (", p.numel(),
                     " elements, its master weight ", it->second.master.numel(), ")");
         master_data = data_of(it->second.master);
       }

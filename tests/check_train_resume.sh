@@ -78,19 +78,17 @@ done
 args=(--task deep --epochs 6 --modes bf16-params,fp16-params+scaler --init-scale 1e9
       --growth-interval 5)
 "$app" "${args[@]}" --out "$work/params-full" >/dev/null
-TORCHAMP_TRAIN_KILL_IN_CHECKPOINT=3 "$app" "${args[@]}" --checkpoint-every 5 \
-  --out "$work/params" >/dev/null || true
-"$app" "${args[@]}" --checkpoint-every 5 --resume "$work/params" >"$work/resume.log" ||
-  fail "resume failed: $(cat "$work/resume.log")"
-grep -q "resuming at mode 1/2, step 10" "$work/resume.log" || fail "$(head -3 "$work/resume.log")"
-same_as "$work/params-full" "$work/params"
-rm -rf "$work/params"
-TORCHAMP_TRAIN_KILL_IN_CHECKPOINT=20 "$app" "${args[@]}" --checkpoint-every 5 \
-  --out "$work/params" >/dev/null || true
-"$app" "${args[@]}" --checkpoint-every 5 --resume "$work/params" >"$work/resume.log" ||
-  fail "resume failed: $(cat "$work/resume.log")"
-grep -q "resuming at mode 2/2" "$work/resume.log" || fail "$(head -3 "$work/resume.log")"
-same_as "$work/params-full" "$work/params"
+kill_and_resume() {  # kill_and_resume CHECKPOINT EXPECTED-RESUME-LINE
+  rm -rf "$work/params"
+  TORCHAMP_TRAIN_KILL_IN_CHECKPOINT=$1 "$app" "${args[@]}" --checkpoint-every 5 \
+    --out "$work/params" >/dev/null || true
+  "$app" "${args[@]}" --checkpoint-every 5 --resume "$work/params" >"$work/resume.log" ||
+    fail "resume failed: $(cat "$work/resume.log")"
+  grep -q "$2" "$work/resume.log" || fail "$(head -3 "$work/resume.log")"
+  same_as "$work/params-full" "$work/params"
+}
+kill_and_resume 3 "resuming at mode 1/2, step 10"
+kill_and_resume 20 "resuming at mode 2/2"
 
 # A kill from outside, mid-run, at whatever step it lands.
 args=(--task deep --epochs 40 --modes fp16+scaler --init-scale 1e9 --growth-interval 5)

@@ -358,6 +358,27 @@ TEST(MasterWeights, BadInputIsATypedErrorThatChangesNothing) {
   EXPECT_TRUE(scaler.step(mixed_opt).has_value());
   scaler.update();
 
+  // The error names the parameter by group and index, also in a later group
+  // whose first parameter has no gradient.
+  {
+    auto g0 = make_params(at::kFloat, 12);
+    std::vector<at::Tensor> g1 = {torch::zeros({4}), torch::zeros({4})};
+    std::vector<torch::optim::OptimizerParamGroup> groups = {torch::optim::OptimizerParamGroup(g0),
+                                                             torch::optim::OptimizerParamGroup(g1)};
+    torchamp::optim::SGD grouped(groups, torch::optim::SGDOptions(0.1), kMasters);
+    for (auto& p : g0) {
+      p.mutable_grad() = torch::zeros_like(p);
+    }
+    g1[1].mutable_grad() = torch::zeros({4}, at::kHalf);
+    try {
+      grouped.step();
+      ADD_FAILURE() << "no error";
+    } catch (const c10::NotImplementedError& e) {
+      EXPECT_NE(std::string(e.what()).find("param_groups[1].params[1]"), std::string::npos)
+          << e.what();
+    }
+  }
+
   // Without master weights a float16 gradient for a float32 parameter is the
   // scaler's ValueError, as PyTorch's.
   auto f32 = make_params(at::kFloat, 5);
