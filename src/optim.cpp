@@ -233,15 +233,6 @@ void prefetch_storages(const StepCache::Plan& plan, size_t i) {
   }
 }
 
-// The one walk of a step: checks that every parameter with a gradient can
-// take the fused update (parameter, gradient and state dense, contiguous,
-// of one supported dtype, on the CPU or, with ATen's fused ops, CUDA) and
-// notes what the update needs. The cache is validated on the way: a
-// parameter list that differs from the cached one (a new group, a parameter
-// added, removed or replaced) rebuilds it; each state is looked up by its
-// cached key and compared with the one last seen (a load(), an entry
-// replaced or erased, a state tensor replaced or resized), and a new one is
-// checked before it is used.
 // A parameter the update must take but cannot (only with master weights: the
 // base class's step would ignore them).
 [[noreturn]] void refuse_unfusable(size_t group, size_t index, const at::Tensor& p,
@@ -255,6 +246,15 @@ void prefetch_storages(const StepCache::Plan& plan, size_t i) {
       "dtype, and state of float32 (float16/bfloat16 parameters) or the parameter's dtype.");
 }
 
+// The one walk of a step: checks that every parameter with a gradient can
+// take the fused update (parameter, gradient and state dense, contiguous,
+// of one supported dtype, on the CPU or, with ATen's fused ops, CUDA) and
+// notes what the update needs. The cache is validated on the way: a
+// parameter list that differs from the cached one (a new group, a parameter
+// added, removed or replaced) rebuilds it; each state is looked up by its
+// cached key and compared with the one last seen (a load(), an entry
+// replaced or erased, a state tensor replaced or resized), and a new one is
+// checked before it is used.
 template <class State, class TensorsOf>
 bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
              const MasterWeights& masters, TensorsOf tensors_of) {
