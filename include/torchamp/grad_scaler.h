@@ -160,7 +160,9 @@ class GradScaler {
   ///
   /// Throws `c10::Error` if `step` already ran since the last `update()`, or
   /// "No inf checks were recorded for this optimizer." when the optimizer has
-  /// no gradient at all; otherwise as `unscale_`. Disabled: returns
+  /// no gradient at all; otherwise as `unscale_`, except that an optimizer
+  /// that takes the scale may have float16 gradients (Python's fused path;
+  /// e.g. torchamp::optim with master weights). Disabled: returns
   /// `optimizer.step()`.
   std::optional<at::Tensor> step(torch::optim::Optimizer& optimizer);
 
