@@ -34,10 +34,8 @@ namespace detail {
 namespace {
 
 bool cacheable(const at::Tensor& grad) {
-  const auto dtype = grad.scalar_type();
   return grad.layout() == at::kStrided && grad.device().is_cpu() && grad.is_contiguous() &&
-         (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
-          dtype == at::kHalf);
+         kernels::cpu_supports(grad.scalar_type());
 }
 
 }  // namespace
