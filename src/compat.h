@@ -14,9 +14,13 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <cstdint>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #define TORCHAMP_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||           \
@@ -178,6 +182,59 @@ inline void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorLis
       (void)dampening, (void)nesterov, (void)first_step, (void)grad_scale;
   TORCH_CHECK(false, "torchamp: ATen's fused optimizers need LibTorch 2.4 or later");
 #endif
+}
+
+/// c10d's `Reducer` constructor (the engine of Python's DDP) changed its
+/// arguments: LibTorch 1.13 takes per-bucket size limits after the bucket
+/// indices; later versions added `skip_all_reduce_unused_params`,
+/// `use_python_reducer` and per-bucket byte caps and dropped the limits.
+/// Chosen by which form this LibTorch's `Reducer` has (`Reducer` is a
+/// template parameter so that this header need not include reducer.hpp).
+/// The extra arguments get Python's defaults.
+template <class Reducer, class Group, class Names>
+std::shared_ptr<Reducer> make_reducer(std::vector<at::Tensor> params,
+                                      std::vector<std::vector<size_t>> buckets,
+                                      std::vector<size_t> per_bucket_limits, Group group,
+                                      std::vector<bool> sparse, int64_t bucket_bytes_cap,
+                                      bool find_unused, bool as_view, Names names,
+                                      int64_t first_bucket_bytes_cap) {
+  using V = std::vector<at::Tensor>;
+  using B = std::vector<std::vector<size_t>>;
+  using L = std::vector<size_t>;
+  using S = std::vector<bool>;
+  using Caps = std::vector<int64_t>;
+  if constexpr (std::is_constructible_v<Reducer, V, B, L, Group, S, int64_t, bool, bool, Names,
+                                        int64_t>) {  // 1.13
+    return std::make_shared<Reducer>(std::move(params), std::move(buckets),
+                                     std::move(per_bucket_limits), std::move(group),
+                                     std::move(sparse), bucket_bytes_cap, find_unused, as_view,
+                                     std::move(names), first_bucket_bytes_cap);
+  } else if constexpr (std::is_constructible_v<Reducer, V, B, L, Group, S, int64_t, bool, bool,
+                                               Names, int64_t, bool>) {
+    return std::make_shared<Reducer>(std::move(params), std::move(buckets),
+                                     std::move(per_bucket_limits), std::move(group),
+                                     std::move(sparse), bucket_bytes_cap, find_unused, as_view,
+                                     std::move(names), first_bucket_bytes_cap, false);
+  } else if constexpr (std::is_constructible_v<Reducer, V, B, L, Group, S, int64_t, bool, bool,
+                                               Names, int64_t, bool, bool>) {
+    return std::make_shared<Reducer>(std::move(params), std::move(buckets),
+                                     std::move(per_bucket_limits), std::move(group),
+                                     std::move(sparse), bucket_bytes_cap, find_unused, as_view,
+                                     std::move(names), first_bucket_bytes_cap, false, false);
+  } else if constexpr (std::is_constructible_v<Reducer, V, B, Group, S, int64_t, bool, bool, Names,
+                                               int64_t, bool, bool, Caps>) {  // 2.13
+    (void)per_bucket_limits;
+    return std::make_shared<Reducer>(std::move(params), std::move(buckets), std::move(group),
+                                     std::move(sparse), bucket_bytes_cap, find_unused, as_view,
+                                     std::move(names), first_bucket_bytes_cap, false, false,
+                                     Caps{});
+  } else {
+    static_assert(
+        std::is_constructible_v<Reducer, V, B, L, Group, S, int64_t, bool, bool, Names, int64_t>,
+        "torchamp: this LibTorch's c10d::Reducer has a constructor compat.h does not "
+        "know");
+    return nullptr;
+  }
 }
 
 }  // namespace compat

@@ -1,90 +1,12 @@
 // Agreement on overflow across ranks: real processes (tests/tools/dist_worker)
 // over loopback, with a c10d::FileStore and Gloo process groups.
 
-#include <gtest/gtest.h>
-
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <chrono>
-#include <cmath>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <string>
-#include <thread>
-#include <vector>
-
-extern char** environ;
+#include "dist_util.h"
 
 namespace {
 
-namespace fs = std::filesystem;
-
-std::vector<std::string> read_lines(const fs::path& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) {
-    lines.push_back(line);
-  }
-  return lines;
-}
-
-// Starts WORLD ranks of `scenario`; waits (at most 60 s, then kills them);
-// returns each rank's output lines.
-std::vector<std::vector<std::string>> run_ranks(const std::string& scenario, int world) {
-  const fs::path dir =
-      fs::path(::testing::TempDir()) /
-      ("dist-" + scenario + "-" + std::to_string(world) + "-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  const std::string store = (dir / "store").string();
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < world; ++rank) {
-    std::vector<std::string> args = {
-        TORCHAMP_DIST_WORKER,  scenario, std::to_string(rank),
-        std::to_string(world), store,    (dir / std::to_string(rank)).string()};
-    std::vector<char*> argv;
-    for (auto& a : args) {
-      argv.push_back(a.data());
-    }
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    EXPECT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
-    pids.push_back(pid);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (pid_t pid : pids) {
-    int status = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        for (pid_t p : pids) {
-          kill(p, SIGKILL);
-        }
-        ADD_FAILURE() << "ranks still running after 60 s: a hang";
-        waitpid(pid, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a rank failed";
-  }
-  std::vector<std::vector<std::string>> outputs;
-  for (int rank = 0; rank < world; ++rank) {
-    outputs.push_back(read_lines(dir / std::to_string(rank)));
-  }
-  return outputs;
-}
-
-// Runs `scenario` on `world` ranks; every rank must print `expected`.
-void expect_every_rank(const std::string& scenario, int world,
-                       const std::vector<std::string>& expected) {
-  for (const auto& out : run_ranks(scenario, world)) {
-    EXPECT_EQ(out, expected);
-  }
-}
+using torchamp_test::expect_every_rank;
+using torchamp_test::run_ranks;
 
 class Agree : public ::testing::TestWithParam<int> {};
 

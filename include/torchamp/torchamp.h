@@ -6,6 +6,7 @@
 
 #include <torchamp/autocast.h>
 #if defined(TORCHAMP_WITH_DISTRIBUTED)
+#include <torchamp/data_parallel.h>
 #include <torchamp/distributed.h>
 #endif
 #include <torchamp/grad_scaler.h>

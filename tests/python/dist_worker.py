@@ -18,7 +18,7 @@ import torchamp_dist_ext
 
 scenario, rank, world, store, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6]
 group = None
-if scenario != "single":  # the single-process reference has no group
+if scenario != "single" and not scenario.endswith("-local"):  # references: no group
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=5))

@@ -20,6 +20,8 @@
 //   sharded-fused, single-fused  the same with torchamp's fused SGD
 //   exit     rank 1 exits at step 1 before stepping; rank 0 reports the error
 // Every line of the output file is one observation; the test compares them.
+#include "ddp_scenarios.h"
+
 #include <torchamp/distributed.h>
 #include <torchamp/optim.h>
 
@@ -231,6 +233,9 @@ inline int run_scenario(const std::string& scenario, int rank, int world,
     }
     if (scenario == "exit") {
       return exit_mid_step(rank, world, make_group, out);
+    }
+    if (const int code = torchamp_ddp::run(scenario, rank, world, make_group, out); code >= 0) {
+      return code;
     }
   } catch (const std::exception& e) {
     out << "uncaught " << e.what() << "\n";

@@ -1,0 +1,203 @@
+#pragma once
+
+/// \file
+/// `torchamp::DistributedDataParallel`: Python's
+/// `torch.nn.parallel.DistributedDataParallel` for the LibTorch C++ frontend,
+/// on the engine Python's runs on, c10d's `Reducer`. Each parameter's
+/// gradient is written into a bucket as backward produces it, and a bucket's
+/// all-reduce starts as soon as the bucket is full, while the rest of backward
+/// runs. After backward every rank holds the same gradients (averaged, or
+/// summed if asked), so every rank's `GradScaler` reaches the same decision
+/// alone, as in Python: scaled gradients are reduced like any others.
+///
+/// ```cpp
+/// torchamp::DistributedDataParallel ddp(model.ptr(), group);
+/// auto out = ddp.forward([&] { return model->forward(x); });
+/// scaler.scale(loss_fn(out, y)).backward();  // buckets all-reduced during backward
+/// scaler.step(opt);
+/// scaler.update();
+/// ```
+///
+/// Differences from Python: `forward` takes the call of the module's own
+/// forward (C++ modules have no common `forward` signature); one device per
+/// process; no `static_graph`, communication hooks, `join`, mixed-precision
+/// or ignored parameters yet.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace torchamp {
+
+/// Python's `DistributedDataParallel` arguments, with its names and defaults.
+struct DistributedDataParallelOptions {
+  /// Bucket size in MiB. Unset (Python's `None`): 25, with a first bucket of
+  /// 1 MiB; set: every bucket this size, as in Python.
+  TORCH_ARG(std::optional<double>, bucket_cap_mb) = std::nullopt;
+  /// Broadcast the module's buffers from rank 0 before every forward.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  /// Traverse the autograd graph from `forward`'s outputs and mark parameters
+  /// it does not reach as ready, so models that skip some can train.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  /// Gradients are views into the buckets (saves a copy and memory).
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
+  /// true (Python's default): gradients are averaged over the ranks. false:
+  /// summed; weight each rank's loss by its share of the global batch and the
+  /// sum is the global batch's gradient, with float16 activation gradients
+  /// the size of a single process's (see README, "Data-parallel training").
+  TORCH_ARG(bool, average_gradients) = true;
+};
+
+namespace detail {
+// The tensors in a forward's result, for find_unused_parameters (Python's
+// _find_tensors): tensors, and those inside vectors, arrays, tuples, pairs,
+// maps and IValues; anything else holds none.
+template <class T>
+void collect_tensors(const T&, std::vector<at::Tensor>&) {}
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) {
+  if (t.defined()) {
+    out.push_back(t);
+  }
+}
+void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out);
+template <class T, class A>
+void collect_tensors(const std::vector<T, A>& v, std::vector<at::Tensor>& out);
+template <class T, size_t N>
+void collect_tensors(const std::array<T, N>& v, std::vector<at::Tensor>& out);
+template <class A, class B>
+void collect_tensors(const std::pair<A, B>& v, std::vector<at::Tensor>& out);
+template <class... Ts>
+void collect_tensors(const std::tuple<Ts...>& v, std::vector<at::Tensor>& out);
+template <class K, class V, class... R>
+void collect_tensors(const std::map<K, V, R...>& v, std::vector<at::Tensor>& out);
+template <class K, class V, class... R>
+void collect_tensors(const std::unordered_map<K, V, R...>& v, std::vector<at::Tensor>& out);
+
+template <class T, class A>
+void collect_tensors(const std::vector<T, A>& v, std::vector<at::Tensor>& out) {
+  for (const auto& e : v) {
+    collect_tensors(e, out);
+  }
+}
+template <class T, size_t N>
+void collect_tensors(const std::array<T, N>& v, std::vector<at::Tensor>& out) {
+  for (const auto& e : v) {
+    collect_tensors(e, out);
+  }
+}
+template <class A, class B>
+void collect_tensors(const std::pair<A, B>& v, std::vector<at::Tensor>& out) {
+  collect_tensors(v.first, out);
+  collect_tensors(v.second, out);
+}
+template <class... Ts>
+void collect_tensors(const std::tuple<Ts...>& v, std::vector<at::Tensor>& out) {
+  std::apply([&](const auto&... e) { (collect_tensors(e, out), ...); }, v);
+}
+template <class K, class V, class... R>
+void collect_tensors(const std::map<K, V, R...>& v, std::vector<at::Tensor>& out) {
+  for (const auto& e : v) {
+    collect_tensors(e.second, out);
+  }
+}
+template <class K, class V, class... R>
+void collect_tensors(const std::unordered_map<K, V, R...>& v, std::vector<at::Tensor>& out) {
+  for (const auto& e : v) {
+    collect_tensors(e.second, out);
+  }
+}
+}  // namespace detail
+
+/// Data parallelism over a c10d process group (Gloo for CPU tensors, NCCL for
+/// CUDA tensors), one model replica per process. Not copyable; movable.
+class DistributedDataParallel {
+ public:
+  /// Wraps `module` (any `torch::nn::Module`; its parameters that require
+  /// gradients, in Python's order) for training over `group`. Collective:
+  /// every rank checks that all hold parameters of the same shapes and
+  /// dtypes, then takes rank 0's parameters and (with `broadcast_buffers`)
+  /// buffers. Throws `c10::ValueError` for a null module or group or a
+  /// `bucket_cap_mb` that is not positive, `c10::Error` where the module has
+  /// no parameter that requires a gradient or the ranks' parameters differ.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                          c10::intrusive_ptr<c10d::ProcessGroup> group,
+                          DistributedDataParallelOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(DistributedDataParallel&&) noexcept;
+  DistributedDataParallel& operator=(DistributedDataParallel&&) noexcept;
+
+  /// Python's `ddp(input)`: runs `call` (the module's own forward) between
+  /// what Python's DDP does before it (buffers broadcast from rank 0, bucket
+  /// rebuild after the first iteration) and after it (`prepare_for_backward`,
+  /// with `call`'s tensors when `find_unused_parameters`), and returns what
+  /// `call` returned. The backward that follows reduces the gradients, unless
+  /// the forward ran under `no_sync()` or with gradients disabled. Throws
+  /// `c10::Error` where the previous iteration's reduction did not finish
+  /// (a parameter got no gradient without `find_unused_parameters`).
+  template <class Call>
+  auto forward(Call&& call) {
+    using Out = std::invoke_result_t<Call&>;
+    static_assert(!std::is_void_v<Out>, "forward's callable must return the module's outputs");
+    pre_forward_();
+    Out out = call();
+    std::vector<at::Tensor> tensors;
+    if (wants_outputs_()) {
+      detail::collect_tensors(out, tensors);
+    }
+    post_forward_(tensors);
+    return out;
+  }
+
+  /// While the returned guard lives, forwards (and their backwards) do not
+  /// reduce: gradients accumulate locally, and the first forward and
+  /// backward after it reduce the sum (Python's `with ddp.no_sync():`).
+  class NoSync {
+   public:
+    NoSync(NoSync&& other) noexcept;
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+    ~NoSync();
+
+   private:
+    friend class DistributedDataParallel;
+    NoSync(DistributedDataParallel* ddp, bool previous) : ddp_(ddp), previous_(previous) {}
+    DistributedDataParallel* ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSync no_sync();
+
+  /// Python's `require_backward_grad_sync`: false under `no_sync()`.
+  bool require_backward_grad_sync() const;
+  const std::shared_ptr<torch::nn::Module>& module() const;
+  const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const;
+  const DistributedDataParallelOptions& options() const;
+  /// The parameters the Reducer reduces, in Python's order (the module's,
+  /// depth first, each once, those that require a gradient).
+  const std::vector<at::Tensor>& parameters() const;
+  /// The buckets as indices into `parameters()`, in the order they are
+  /// reduced (Python: `[b.parameters() for b in ddp.reducer._get_grad_buckets()]`).
+  std::vector<std::vector<size_t>> bucket_indices() const;
+
+ private:
+  void pre_forward_();
+  bool wants_outputs_() const;
+  void post_forward_(const std::vector<at::Tensor>& outputs);
+
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace torchamp
