@@ -9,7 +9,8 @@ TORCHRUN, torchrun itself also launches it. Checks:
 
 1. data-parallel on 2 and 3 processes = the 1-process run with the same
    global batch: the same scale history and skipped steps, losses within the
-   precision's rounding, with two injected overflows;
+   precision's rounding, with two injected overflows; and near float16's
+   overflow boundary (natural overflows), data-parallel and sharded;
 2. sharded optimizer = data-parallel on the same processes, with overflows
    that only one rank's shard sees (natural ones from a huge initial scale,
    and an injected one): every rank skips together, and the rank logs show
@@ -150,6 +151,22 @@ for n in (2, 3):
     check("| fp16+scaler |" in ranks[0][1] and "| mode |" not in ranks[1][1],
           f"on {n} processes rank 0 alone prints the table (stdout to a file)")
     same_run("single", f"data{n}", f"data-parallel on {n} = 1 process")
+
+# 1b. The same near float16's overflow boundary: from 1e9 the scale backs off
+#     into it and every third step grows back against it. Each rank's loss
+#     is weighted by its slice's share before backward and the gradients are
+#     summed, so a rank's float16 activation gradients are the one-process
+#     run's size and overflow where it does: the same skip decisions at every
+#     scale, data-parallel (DDP, summing) and sharded alike.
+boundary = ["--epochs", "3", "--modes", "fp16+scaler", "--batch-size", "96", "--init-scale", "1e9",
+            "--growth-interval", "3", "--timeout", "60"]
+all_ok(launch(1, boundary + ["--out", os.path.join(WORK, "bsingle")], "bsingle"),
+       "1 process near the overflow boundary")
+for n in (2, 3):
+    for mode in ("data", "sharded"):
+        all_ok(launch(n, boundary + ["--parallel", mode, "--out", os.path.join(WORK, f"b{mode}{n}")],
+                      f"b{mode}{n}"), f"{mode} on {n} processes near the overflow boundary")
+        same_run("bsingle", f"b{mode}{n}", f"{mode} on {n} = 1 process near the overflow boundary")
 
 # 2. Sharded = data-parallel, with overflows that one shard alone sees.
 natural = ["--modes", "fp16+scaler,bf16+scaler", "--epochs", "3", "--init-scale", "1e9",

@@ -2,19 +2,20 @@
 
 // torchamp-train on more than one process: where this process stands (from
 // torchrun's environment) and the collectives a training step needs over a
-// c10d process group. LibTorch has no C++ DistributedDataParallel; this is
-// the by-hand version a C++ user writes:
+// c10d process group. Each rank's loss is weighted by its slice's share of
+// the global batch, and the ranks' gradients are summed:
 //
-//   data     every rank takes its slice of each global batch; the (still
-//            scaled) gradients are summed over the ranks in flat buckets;
-//            every rank then holds the same gradients and steps the whole
-//            model, so the scaler decides the same everywhere alone.
-//   sharded  ZeRO-1: each parameter belongs to one rank, which alone keeps
-//            its optimizer state and steps it. Gradients are summed into
-//            their owner (a reduce per owner's bucket), so a rank sees only
-//            its shard's gradients; torchamp::set_process_group makes the
-//            scaler agree on found-inf over the group, and the owners then
-//            broadcast the stepped parameters.
+//   data     every rank takes its slice of each global batch;
+//            torchamp::DistributedDataParallel (c10d's Reducer) sums the
+//            still scaled gradients during backward; every rank then holds
+//            the same gradients and steps the whole model, so the scaler
+//            decides the same everywhere alone.
+//   sharded  ZeRO-1, by hand: each parameter belongs to one rank, which
+//            alone keeps its optimizer state and steps it. Gradients are
+//            summed into their owner (a reduce per owner's bucket), so a rank
+//            sees only its shard's gradients; torchamp::set_process_group
+//            makes the scaler agree on found-inf over the group, and the
+//            owners then broadcast the stepped parameters.
 
 #include <ATen/core/Tensor.h>
 

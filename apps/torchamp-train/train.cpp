@@ -2,6 +2,7 @@
 
 #include <torchamp/autocast.h>
 #if TORCHAMP_WITH_DISTRIBUTED
+#include <torchamp/data_parallel.h>
 #include <torchamp/distributed.h>
 #endif
 #include <torchamp/grad_scaler.h>
@@ -617,6 +618,17 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
     }
   }
 
+#if TORCHAMP_WITH_DISTRIBUTED
+  // Data-parallel: the gradients are summed over the ranks during backward
+  // (after a resume too: the ranks have loaded the same checkpoint, and
+  // construction takes rank 0's parameters anyway).
+  std::optional<torchamp::DistributedDataParallel> ddp;
+  if (parallel.distributed() && !sharded) {
+    ddp.emplace(net, parallel.group(),
+                torchamp::DistributedDataParallelOptions().average_gradients(false));
+  }
+#endif
+
   // Every rank takes part (the bookmark and the shards' gather are
   // collectives); rank 0 writes.
   auto checkpoint = [&] {
@@ -703,15 +715,22 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
       torchamp::autocast guard(
           device, fp16_autocast ? std::optional<at::ScalarType>(torch::kHalf) : std::nullopt,
           /*enabled=*/autocast_bf16 || fp16_autocast || cuda);
-      const at::Tensor logits = net->forward(x, storage, &stats);
+      auto forward = [&] { return net->forward(x, storage, &stats); };
+#if TORCHAMP_WITH_DISTRIBUTED
+      const at::Tensor logits = ddp ? ddp->forward(forward) : forward();
+#else
+      const at::Tensor logits = forward();
+#endif
       guard.exit();
-      // Each rank's loss is the mean over its slice, as DDP's: its gradients
-      // have the size of the whole batch's, so float16 overflows at about the
-      // same scale as on one process. Weighted by the slice's share of the
-      // batch and summed below, they are the whole batch's mean.
+      // Each rank's loss is the mean over its slice, weighted by the slice's
+      // share of the global batch before backward; the ranks' gradients are
+      // then summed (by DDP in the data-parallel mode, into their owners in
+      // the sharded one). So every float16 activation gradient has the size
+      // it has on one process, and overflows at the same scale: averaging
+      // unweighted slice means (Python DDP's way) makes them N times larger.
       const at::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y);
       const double share = static_cast<double>(idx.size(0)) / static_cast<double>(m);
-      scaler.scale(loss).backward();
+      scaler.scale(parallel.distributed() ? loss * share : loss).backward();
       // (New tensors each step where zero_grad sets them to none, LibTorch 2.x.)
       std::vector<at::Tensor> grads;
       for (const auto& p : params) {
@@ -729,21 +748,11 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
           v[3 + 3 * l] = static_cast<double>(stats[l].subnormal);
         }
       }
-      // The gradients, still scaled: summed everywhere (data) or into their owners (sharded).
-      if (parallel.distributed() && share != 1.0) {
-        torch::NoGradGuard no_grad;
-        for (const auto& g : grads) {
-          g.mul_(share);
-        }
-      }
+      // Sharded: the gradients, still scaled, summed into their owners.
       if (sharded) {
         parallel.reduce_to_owners(grads, owner);
-        parallel.all_reduce_sum({sums});
-      } else {
-        std::vector<at::Tensor> all = grads;
-        all.push_back(sums);
-        parallel.all_reduce_sum(all);
       }
+      parallel.all_reduce_sum({sums});
       for (const auto& [at_step, index] : infs) {
         if (at_step == step && result.scaled && owner[index] == rank) {
           torch::NoGradGuard no_grad;

@@ -188,7 +188,7 @@ class DistributedDataParallel {
   /// depth first, each once, those that require a gradient).
   const std::vector<at::Tensor>& parameters() const;
   /// The buckets as indices into `parameters()`, in the order they are
-  /// reduced (Python: `[b.parameters() for b in ddp.reducer._get_grad_buckets()]`).
+  /// reduced (Python: the parameters of `ddp.reducer._get_zeros_like_grad_buckets()`).
   std::vector<std::vector<size_t>> bucket_indices() const;
 
  private:
