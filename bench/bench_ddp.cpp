@@ -14,6 +14,7 @@
 // backward's share.
 //
 //   bench_ddp [--rounds N] [--batch B] [--width W] [--layers L] [--threads T]
+//             [--bucket-cap-mb MB]   (defaults 15, 32, 512, 8, 1, DDP's default)
 //
 // Run without RANK it starts its two ranks itself (FileStore in /tmp).
 #include <torchamp/data_parallel.h>
@@ -45,7 +46,8 @@ extern char** environ;
 namespace {
 
 struct Args {
-  int rounds = 15, batch = 128, width = 1024, layers = 4, threads = 1;
+  int rounds = 15, batch = 32, width = 512, layers = 8, threads = 1;
+  double bucket_cap_mb = 0;  // 0: DDP's default (25, first bucket 1)
 };
 
 Args parse(int argc, char** argv) {
@@ -53,17 +55,19 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int v = std::atoi(argv[i + 1]);
-    if (k == "--rounds")
+    if (k == "--rounds") {
       a.rounds = v;
-    else if (k == "--batch")
+    } else if (k == "--batch") {
       a.batch = v;
-    else if (k == "--width")
+    } else if (k == "--width") {
       a.width = v;
-    else if (k == "--layers")
+    } else if (k == "--layers") {
       a.layers = v;
-    else if (k == "--threads")
+    } else if (k == "--threads") {
       a.threads = v;
-    else {
+    } else if (k == "--bucket-cap-mb") {
+      a.bucket_cap_mb = std::atof(argv[i + 1]);
+    } else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       std::exit(2);
     }
@@ -124,7 +128,11 @@ int rank_main(const Args& a, int rank, const std::string& store_file) {
   auto group = torchamp::make_gloo_process_group(store, rank, 2, options);
 
   auto plain = make_model(a), by_hand = make_model(a), wrapped = make_model(a);
-  torchamp::DistributedDataParallel ddp(wrapped.ptr(), group);
+  torchamp::DistributedDataParallelOptions ddp_options;
+  if (a.bucket_cap_mb > 0) {
+    ddp_options.bucket_cap_mb(a.bucket_cap_mb);
+  }
+  torchamp::DistributedDataParallel ddp(wrapped.ptr(), group, ddp_options);
   torch::optim::SGD opt_plain(plain->parameters(), 1e-4), opt_hand(by_hand->parameters(), 1e-4),
       opt_ddp(wrapped->parameters(), 1e-4);
   torch::manual_seed(1 + rank);

@@ -259,15 +259,15 @@ void DistributedDataParallel::post_forward_(const std::vector<at::Tensor>& outpu
 DistributedDataParallel::NoSync DistributedDataParallel::no_sync() {
   const bool previous = impl_->require_backward_grad_sync;
   impl_->require_backward_grad_sync = false;
-  return NoSync(this, previous);
+  return NoSync(&impl_->require_backward_grad_sync, previous);
 }
 
 DistributedDataParallel::NoSync::NoSync(NoSync&& other) noexcept
-    : ddp_(std::exchange(other.ddp_, nullptr)), previous_(other.previous_) {}
+    : flag_(std::exchange(other.flag_, nullptr)), previous_(other.previous_) {}
 
 DistributedDataParallel::NoSync::~NoSync() {
-  if (ddp_ != nullptr) {
-    ddp_->impl_->require_backward_grad_sync = previous_;
+  if (flag_ != nullptr) {
+    *flag_ = previous_;
   }
 }
 

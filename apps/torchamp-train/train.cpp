@@ -752,6 +752,21 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
       if (sharded) {
         parallel.reduce_to_owners(grads, owner);
       }
+      // In float16 every weight and bias gradient is a sum over the batch
+      // rounded to float16 (autocast's float16 matmul, or the rounding that
+      // stands in for it): on one process the whole batch's sum, inf from
+      // 65520 up. Here each rank rounded its slice's, and their float32 sum
+      // can pass 65520 where no slice did. Rounded to float16 the same way,
+      // the sum overflows where one process's does, so the scaler skips the
+      // same steps at every scale.
+      if (parallel.distributed() && fp16) {
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < grads.size(); ++i) {
+          if (owner[i] == rank) {
+            grads[i].copy_(grads[i].to(at::kHalf));
+          }
+        }
+      }
       parallel.all_reduce_sum({sums});
       for (const auto& [at_step, index] : infs) {
         if (at_step == step && result.scaled && owner[index] == rank) {

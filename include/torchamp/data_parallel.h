@@ -145,7 +145,8 @@ class DistributedDataParallel {
   /// `call` returned. The backward that follows reduces the gradients, unless
   /// the forward ran under `no_sync()` or with gradients disabled. Throws
   /// `c10::Error` where the previous iteration's reduction did not finish
-  /// (a parameter got no gradient without `find_unused_parameters`).
+  /// (a parameter got no gradient without `find_unused_parameters`). A
+  /// failed all-reduce makes that backward throw `c10::Error` naming it.
   template <class Call>
   auto forward(Call&& call) {
     using Out = std::invoke_result_t<Call&>;
@@ -173,8 +174,8 @@ class DistributedDataParallel {
 
    private:
     friend class DistributedDataParallel;
-    NoSync(DistributedDataParallel* ddp, bool previous) : ddp_(ddp), previous_(previous) {}
-    DistributedDataParallel* ddp_;
+    NoSync(bool* flag, bool previous) : flag_(flag), previous_(previous) {}
+    bool* flag_;  // in the DDP's state, which a move of the DDP does not move
     bool previous_;
   };
   [[nodiscard]] NoSync no_sync();
