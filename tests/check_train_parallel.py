@@ -15,9 +15,10 @@ TORCHRUN, torchrun itself also launches it. Checks:
    that only one rank's shard sees (natural ones from a huge initial scale,
    and an injected one): every rank skips together, and the rank logs show
    that only the owner saw the injected inf;
-3. a rank killed mid-run: the others fail within the timeout naming the
-   collective; --resume on all ranks then ends byte-identical to an
-   uninterrupted run; a stopped rank: the others fail after --timeout;
+3. a rank killed mid-run (sharded, and data-parallel): the others fail
+   within the timeout naming the collective; --resume on all ranks then ends
+   byte-identical to an uninterrupted run; a stopped rank: the others fail
+   after --timeout;
 4. bad launches fail with exit 2 and say why;
 5. with TORCHRUN: torchrun --no-python launches both modes;
 6. with README: its torchrun commands for this build run as written.
@@ -220,6 +221,25 @@ if all_ok(launch(3, ["--resume", os.path.join(WORK, "killed")], "resumed"), "--r
                for f in ["metrics.csv"] + [f"ranks/rank{r}.csv" for r in range(3)])
     check(same, "resumed run: metrics.csv and the 3 rank logs byte-identical to the "
                 "uninterrupted run's")
+
+# ... and data-parallel (DistributedDataParallel holds no state beyond the
+# module: the checkpoint is the one-process one).
+dfault = [a if a != "sharded" else "data" for a in fault]
+all_ok(launch(2, dfault + ["--timeout", "60", "--out", os.path.join(WORK, "dwhole")], "dwhole"),
+       "data on 2, uninterrupted")
+dkilled = launch(2, dfault + ["--timeout", "20", "--out", os.path.join(WORK, "dkilled")],
+                 "dkilled", {1: {"TORCHAMP_TRAIN_KILL_AT_STEP": "30"}})
+check(dkilled[1][0] == -signal.SIGKILL and dkilled[0][0] == 1 and
+      ("over the process group failed" in dkilled[0][1] or
+       "torchamp::DistributedDataParallel: the all-reduce of gradient bucket" in dkilled[0][1]),
+      "data on 2, rank 1 killed at its step 30: rank 0 exits naming the failed collective: " +
+      repr(dkilled[0][1].strip().splitlines()[-1][:200] if dkilled[0][1].strip() else ""))
+if all_ok(launch(2, ["--resume", os.path.join(WORK, "dkilled")], "dresumed"), "--resume on 2"):
+    same = all(open(os.path.join(WORK, "dwhole", f)).read() ==
+               open(os.path.join(WORK, "dkilled", f)).read()
+               for f in ["metrics.csv"] + [f"ranks/rank{r}.csv" for r in range(2)])
+    check(same, "data-parallel resumed run: metrics.csv and the 2 rank logs byte-identical to "
+                "the uninterrupted run's")
 
 
 def stop_rank_1(procs):

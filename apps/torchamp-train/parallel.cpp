@@ -237,6 +237,14 @@ void Parallel::broadcast_from_owners(const std::vector<at::Tensor>& tensors,
             });
 }
 
+void Parallel::guard(const char* what, const std::function<void()>& run) const {
+  if (!distributed()) {
+    run();
+    return;
+  }
+  guarded(*this, what, run);
+}
+
 std::vector<int64_t> Parallel::all_gather(int64_t value) const {
   if (!distributed()) {
     return {value};
@@ -282,6 +290,10 @@ std::vector<std::string> Parallel::gather_to_root(const std::string& bytes) cons
 }
 
 #else  // a LibTorch without c10d: one process only
+
+void Parallel::guard(const char*, const std::function<void()>& run) const {
+  run();
+}
 
 void Parallel::all_reduce_sum(const std::vector<at::Tensor>&) const {}
 void Parallel::reduce_to_owners(const std::vector<at::Tensor>&, const std::vector<int>&) const {}

@@ -87,6 +87,10 @@ class Parallel {
   /// Copies tensor i from rank `owner[i]` to every rank.
   void broadcast_from_owners(const std::vector<at::Tensor>& tensors,
                              const std::vector<int>& owner) const;
+  /// Runs `run` (a step with collectives in it: a backward under
+  /// DistributedDataParallel); a failure becomes the error every collective
+  /// here throws, naming this rank, `what` and the timeout.
+  void guard(const char* what, const std::function<void()>& run) const;
   /// Every rank's `value`, on every rank.
   std::vector<int64_t> all_gather(int64_t value) const;
   /// Every rank's `bytes`, on rank 0 (empty elsewhere).

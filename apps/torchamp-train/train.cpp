@@ -730,7 +730,9 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
       // unweighted slice means (Python DDP's way) makes them N times larger.
       const at::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y);
       const double share = static_cast<double>(idx.size(0)) / static_cast<double>(m);
-      scaler.scale(parallel.distributed() ? loss * share : loss).backward();
+      parallel.guard("gradient all-reduce", [&] {
+        scaler.scale(parallel.distributed() ? loss * share : loss).backward();
+      });
       // (New tensors each step where zero_grad sets them to none, LibTorch 2.x.)
       std::vector<at::Tensor> grads;
       for (const auto& p : params) {
