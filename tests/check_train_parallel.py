@@ -202,45 +202,36 @@ same_run("fdata3", "fsharded3", "sharded = data-parallel on 3, torchamp's fused 
 
 # 3. A rank killed mid-run; then resume. A stopped rank.
 fault = ["--modes", "fp16+scaler,bf16+scaler", "--epochs", "6", "--init-scale", "1e9",
-         "--growth-interval", "5", "--parallel", "sharded", "--checkpoint-every", "5"]
-all_ok(launch(3, fault + ["--timeout", "60", "--out", os.path.join(WORK, "whole")], "whole"),
-       "sharded on 3, uninterrupted")
-killed = launch(3, fault + ["--timeout", "20", "--out", os.path.join(WORK, "killed")], "killed",
-                {2: {"TORCHAMP_TRAIN_KILL_AT_STEP": "30"}})
-survivors = killed[:2]
-check(killed[2][0] == -signal.SIGKILL and
-      all(rc == 1 and f"rank {r} of 3: the " in out and "over the process group failed" in out
-          for r, (rc, out, _) in enumerate(survivors)) and
-      all(t < 20 + 15 for _, _, t in survivors),
-      "rank 2 killed at its step 30: ranks 0 and 1 exit 1 in " +
-      ", ".join(f"{t:.1f} s" for _, _, t in survivors) + " naming the failed collective: " +
-      repr([out.strip().splitlines()[-1][:160] for _, out, _ in survivors]))
-if all_ok(launch(3, ["--resume", os.path.join(WORK, "killed")], "resumed"), "--resume on 3"):
-    same = all(open(os.path.join(WORK, "whole", f)).read() ==
-               open(os.path.join(WORK, "killed", f)).read()
-               for f in ["metrics.csv"] + [f"ranks/rank{r}.csv" for r in range(3)])
-    check(same, "resumed run: metrics.csv and the 3 rank logs byte-identical to the "
-                "uninterrupted run's")
+         "--growth-interval", "5", "--checkpoint-every", "5"]
 
-# ... and data-parallel (DistributedDataParallel holds no state beyond the
-# module: the checkpoint is the one-process one).
-dfault = [a if a != "sharded" else "data" for a in fault]
-all_ok(launch(2, dfault + ["--timeout", "60", "--out", os.path.join(WORK, "dwhole")], "dwhole"),
-       "data on 2, uninterrupted")
-dkilled = launch(2, dfault + ["--timeout", "20", "--out", os.path.join(WORK, "dkilled")],
-                 "dkilled", {1: {"TORCHAMP_TRAIN_KILL_AT_STEP": "30"}})
-check(dkilled[1][0] == -signal.SIGKILL and dkilled[0][0] == 1 and
-      ("over the process group failed" in dkilled[0][1] or
-       "torchamp::DistributedDataParallel: the all-reduce of gradient bucket" in dkilled[0][1]),
-      "data on 2, rank 1 killed at its step 30: rank 0 exits naming the failed collective: " +
-      repr(dkilled[0][1].strip().splitlines()[-1][:200] if dkilled[0][1].strip() else ""))
-if all_ok(launch(2, ["--resume", os.path.join(WORK, "dkilled")], "dresumed"), "--resume on 2"):
-    same = all(open(os.path.join(WORK, "dwhole", f)).read() ==
-               open(os.path.join(WORK, "dkilled", f)).read()
-               for f in ["metrics.csv"] + [f"ranks/rank{r}.csv" for r in range(2)])
-    check(same, "data-parallel resumed run: metrics.csv and the 2 rank logs byte-identical to "
-                "the uninterrupted run's")
 
+def kill_and_resume(n, mode, prefix):
+    """The last rank killed at its step 30, then --resume: as if uninterrupted."""
+    args = fault + ["--parallel", mode]
+    whole, killed_dir = os.path.join(WORK, prefix + "whole"), os.path.join(WORK, prefix + "killed")
+    all_ok(launch(n, args + ["--timeout", "60", "--out", whole], prefix + "whole"),
+           f"{mode} on {n}, uninterrupted")
+    killed = launch(n, args + ["--timeout", "20", "--out", killed_dir], prefix + "killed",
+                    {n - 1: {"TORCHAMP_TRAIN_KILL_AT_STEP": "30"}})
+    survivors = killed[:-1]
+    check(killed[-1][0] == -signal.SIGKILL and
+          all(rc == 1 and f"rank {r} of {n}: the " in out and "over the process group failed" in out
+              for r, (rc, out, _) in enumerate(survivors)) and
+          all(t < 20 + 15 for _, _, t in survivors),
+          f"{mode} on {n}, rank {n - 1} killed at its step 30: the others exit 1 in " +
+          ", ".join(f"{t:.1f} s" for _, _, t in survivors) + " naming the failed collective: " +
+          repr([out.strip().splitlines()[-1][:160] for _, out, _ in survivors]))
+    if all_ok(launch(n, ["--resume", killed_dir], prefix + "resumed"), f"--resume on {n}"):
+        same = all(open(os.path.join(whole, f)).read() == open(os.path.join(killed_dir, f)).read()
+                   for f in ["metrics.csv"] + [f"ranks/rank{r}.csv" for r in range(n)])
+        check(same, f"{mode} on {n}, resumed: metrics.csv and the {n} rank logs byte-identical "
+                    "to the uninterrupted run's")
+
+
+kill_and_resume(3, "sharded", "")
+# DistributedDataParallel holds no state beyond the module: the checkpoint
+# is the one-process one.
+kill_and_resume(2, "data", "d")
 
 def stop_rank_1(procs):
     log = os.path.join(WORK, "stopped", "ranks", "rank1.csv")

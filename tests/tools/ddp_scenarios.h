@@ -107,19 +107,25 @@ inline std::string first_line(const c10::Error& e) {
   return msg.substr(0, msg.find('\n'));
 }
 
+// The DDP of a scenario's rank; none for its one-process reference.
+inline std::unique_ptr<torchamp::DistributedDataParallel> wrap(
+    bool local, torch::nn::Sequential& model, const GroupFactory& make_group,
+    const torchamp::DistributedDataParallelOptions& options) {
+  if (local) {
+    return nullptr;
+  }
+  return std::make_unique<torchamp::DistributedDataParallel>(model.ptr(), make_group(), options);
+}
+
 // ddp-train, ddp-train-view, ddp-local.
 inline int train(bool local, bool view, int rank, int world, const GroupFactory& make_group,
                  std::ofstream& out) {
   auto model = make_model();
   auto opt = make_sgd(model);
-  std::unique_ptr<torchamp::DistributedDataParallel> ddp;
-  if (!local) {
-    ddp = std::make_unique<torchamp::DistributedDataParallel>(
-        model.ptr(), make_group(),
-        torchamp::DistributedDataParallelOptions()
-            .bucket_cap_mb(1.0 / 1024)
-            .gradient_as_bucket_view(view));
-  }
+  const auto ddp = wrap(local, model, make_group,
+                        torchamp::DistributedDataParallelOptions()
+                            .bucket_cap_mb(1.0 / 1024)
+                            .gradient_as_bucket_view(view));
   for (int step = 0; step < 5; ++step) {
     const auto [x, y] = batch(step, local ? 0 : rank, local ? 1 : world);
     grads_to_none(*model);
@@ -152,10 +158,7 @@ inline int no_sync(bool local, int rank, int world, const GroupFactory& make_gro
                    std::ofstream& out) {
   auto model = make_model();
   torch::optim::SGD opt(model->parameters(), 0.1);
-  std::unique_ptr<torchamp::DistributedDataParallel> ddp;
-  if (!local) {
-    ddp = std::make_unique<torchamp::DistributedDataParallel>(model.ptr(), make_group());
-  }
+  const auto ddp = wrap(local, model, make_group, {});
   auto micro = [&](int k) {
     const auto [x, y] = batch(k, local ? 0 : rank, local ? 1 : world);
     const auto o = ddp ? ddp->forward([&] { return model->forward(x); }) : model->forward(x);
@@ -257,12 +260,8 @@ inline int amp(bool local, int rank, int world, const GroupFactory& make_group,
                std::ofstream& out) {
   auto model = make_model();
   auto opt = make_sgd(model);
-  std::unique_ptr<torchamp::DistributedDataParallel> ddp;
-  if (!local) {
-    ddp = std::make_unique<torchamp::DistributedDataParallel>(
-        model.ptr(), make_group(),
-        torchamp::DistributedDataParallelOptions().average_gradients(false));
-  }
+  const auto ddp = wrap(local, model, make_group,
+                        torchamp::DistributedDataParallelOptions().average_gradients(false));
   torchamp::GradScaler scaler(torchamp::GradScalerOptions().init_scale(1024).growth_interval(2));
   const auto dtype =
       torchamp::autocast::is_supported(torch::kCPU, torch::kHalf) ? torch::kHalf : torch::kBFloat16;
