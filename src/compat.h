@@ -18,6 +18,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -185,12 +186,19 @@ inline void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorLis
 }
 
 /// c10d's `Reducer` constructor (the engine of Python's DDP) changed its
-/// arguments: LibTorch 1.13 takes per-bucket size limits after the bucket
-/// indices; later versions added `skip_all_reduce_unused_params`,
-/// `use_python_reducer` and per-bucket byte caps and dropped the limits.
-/// Chosen by which form this LibTorch's `Reducer` has (`Reducer` is a
-/// template parameter so that this header need not include reducer.hpp).
-/// The extra arguments get Python's defaults.
+/// arguments over the versions: LibTorch 1.13 takes per-bucket size limits
+/// after the bucket indices; later versions dropped them and added, one by
+/// one, `skip_all_reduce_unused_params`, `use_python_reducer` and per-bucket
+/// byte caps (2.13 has all three). The form is chosen by what this
+/// LibTorch's `Reducer` can be constructed from (`Reducer` is a template
+/// parameter so that this header need not include reducer.hpp); the added
+/// arguments get Python's defaults (false, false, none).
+template <class Reducer, class Args>
+struct constructible_from;
+template <class Reducer, class... Args>
+struct constructible_from<Reducer, std::tuple<Args...>> : std::is_constructible<Reducer, Args...> {
+};
+
 template <class Reducer, class Group, class Names>
 std::shared_ptr<Reducer> make_reducer(std::vector<at::Tensor> params,
                                       std::vector<std::vector<size_t>> buckets,
@@ -198,42 +206,32 @@ std::shared_ptr<Reducer> make_reducer(std::vector<at::Tensor> params,
                                       std::vector<bool> sparse, int64_t bucket_bytes_cap,
                                       bool find_unused, bool as_view, Names names,
                                       int64_t first_bucket_bytes_cap) {
-  using V = std::vector<at::Tensor>;
-  using B = std::vector<std::vector<size_t>>;
-  using L = std::vector<size_t>;
-  using S = std::vector<bool>;
-  using Caps = std::vector<int64_t>;
-  if constexpr (std::is_constructible_v<Reducer, V, B, L, Group, S, int64_t, bool, bool, Names,
-                                        int64_t>) {  // 1.13
-    return std::make_shared<Reducer>(std::move(params), std::move(buckets),
-                                     std::move(per_bucket_limits), std::move(group),
-                                     std::move(sparse), bucket_bytes_cap, find_unused, as_view,
-                                     std::move(names), first_bucket_bytes_cap);
-  } else if constexpr (std::is_constructible_v<Reducer, V, B, L, Group, S, int64_t, bool, bool,
-                                               Names, int64_t, bool>) {
-    return std::make_shared<Reducer>(std::move(params), std::move(buckets),
-                                     std::move(per_bucket_limits), std::move(group),
-                                     std::move(sparse), bucket_bytes_cap, find_unused, as_view,
-                                     std::move(names), first_bucket_bytes_cap, false);
-  } else if constexpr (std::is_constructible_v<Reducer, V, B, L, Group, S, int64_t, bool, bool,
-                                               Names, int64_t, bool, bool>) {
-    return std::make_shared<Reducer>(std::move(params), std::move(buckets),
-                                     std::move(per_bucket_limits), std::move(group),
-                                     std::move(sparse), bucket_bytes_cap, find_unused, as_view,
-                                     std::move(names), first_bucket_bytes_cap, false, false);
-  } else if constexpr (std::is_constructible_v<Reducer, V, B, Group, S, int64_t, bool, bool, Names,
-                                               int64_t, bool, bool, Caps>) {  // 2.13
-    (void)per_bucket_limits;
-    return std::make_shared<Reducer>(std::move(params), std::move(buckets), std::move(group),
-                                     std::move(sparse), bucket_bytes_cap, find_unused, as_view,
-                                     std::move(names), first_bucket_bytes_cap, false, false,
-                                     Caps{});
+  auto make = [](auto args) {
+    return std::apply([](auto&... a) { return std::make_shared<Reducer>(std::move(a)...); }, args);
+  };
+  const auto with_limits =
+      std::make_tuple(params, buckets, per_bucket_limits, group, sparse, bucket_bytes_cap,
+                      find_unused, as_view, names, first_bucket_bytes_cap);
+  const auto without = std::make_tuple(params, buckets, group, sparse, bucket_bytes_cap,
+                                       find_unused, as_view, names, first_bucket_bytes_cap);
+  const auto skip = std::tuple_cat(without, std::make_tuple(false));
+  const auto skip_python = std::tuple_cat(without, std::make_tuple(false, false));
+  const auto skip_python_caps =
+      std::tuple_cat(without, std::make_tuple(false, false, std::vector<int64_t>{}));
+  if constexpr (constructible_from<Reducer, std::decay_t<decltype(with_limits)>>::value) {
+    return make(with_limits);  // 1.13
+  } else if constexpr (constructible_from<Reducer,
+                                          std::decay_t<decltype(skip_python_caps)>>::value) {
+    return make(skip_python_caps);  // 2.13
+  } else if constexpr (constructible_from<Reducer, std::decay_t<decltype(skip_python)>>::value) {
+    return make(skip_python);
+  } else if constexpr (constructible_from<Reducer, std::decay_t<decltype(skip)>>::value) {
+    return make(skip);
   } else {
-    static_assert(
-        std::is_constructible_v<Reducer, V, B, L, Group, S, int64_t, bool, bool, Names, int64_t>,
-        "torchamp: this LibTorch's c10d::Reducer has a constructor compat.h does not "
-        "know");
-    return nullptr;
+    static_assert(constructible_from<Reducer, std::decay_t<decltype(without)>>::value,
+                  "torchamp: this LibTorch's c10d::Reducer has a constructor compat.h does not "
+                  "know");
+    return make(without);
   }
 }
 
