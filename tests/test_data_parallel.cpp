@@ -149,6 +149,21 @@ TEST_P(DataParallel, GradScalerSkipsTogetherAndKeepsTheOneProcessScales) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 3));
 
+// Bad arguments: typed errors that name the value; nothing changes.
+TEST(DataParallelErrors, BadArgumentsAreTypedErrorsThatChangeNothing) {
+  const auto out = run_ranks("ddp-errors", 1)[0];
+  const std::vector<std::string> expected = {
+      "null module: ValueError DistributedDataParallel: the module is null",
+      "null group: ValueError DistributedDataParallel: the process group is null",
+      "bucket_cap_mb 0: ValueError DistributedDataParallel: bucket_cap_mb must be positive, got 0",
+      "bucket_cap_mb -2.5: ValueError DistributedDataParallel: bucket_cap_mb must be positive, "
+      "got -2.5",
+      "no trainable parameter: Error DistributedDataParallel is not needed when a module doesn't "
+      "have any parameter that requires a gradient.",
+      "unchanged 1"};
+  EXPECT_EQ(out, expected);
+}
+
 // A rank that dies in the middle of backward: the other's backward fails with
 // an error that names the collective, within the group's timeout (5 s).
 TEST(DataParallelFailure, ARankThatDiesMidBackwardFailsTheOthersNotHangs) {

@@ -21,6 +21,7 @@
 //   ddp-amp, ddp-amp-local      GradScaler, float16 autocast (bfloat16 where
 //            CPU autocast has no float16), summed gradients with the loss
 //            weighted by the slice's share; an overflow in rank 1's slice
+//   ddp-errors                  bad arguments (1 rank)
 //   ddp-exit                    rank 1 exits in the middle of backward
 // Every line of the output file is one observation; the test compares them.
 #include <torchamp/data_parallel.h>
@@ -192,7 +193,11 @@ struct Branchy : torch::nn::Module {
     used = register_module("used", torch::nn::Linear(16, 4));
     unused = register_module("unused", torch::nn::Linear(16, 4));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return used->forward(x); }
+  // Two outputs in a tuple (DDP finds the tensors in it), both from `used`.
+  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x) {
+    const auto h = used->forward(x);
+    return {h, h.tanh()};
+  }
   torch::nn::Linear used{nullptr}, unused{nullptr};
 };
 
@@ -206,8 +211,8 @@ inline int unused(bool find, int rank, int world, const GroupFactory& make_group
     const auto [x, y] = batch(step, rank, world);
     opt.zero_grad();
     try {
-      const auto o = ddp.forward([&] { return model->forward(x); });
-      torch::mse_loss(o, y).backward();
+      const auto [a, b] = ddp.forward([&] { return model->forward(x); });
+      (torch::mse_loss(a, y) + torch::mse_loss(b, y)).backward();
     } catch (const c10::Error& e) {
       out << "step " << step << " error " << first_line(e) << "\n";
       return 0;
@@ -219,6 +224,42 @@ inline int unused(bool find, int rank, int world, const GroupFactory& make_group
   char buf[64];
   std::snprintf(buf, sizeof buf, "used weight sum %.9g", model->used->weight.sum().item<double>());
   out << buf << "\n";
+  return 0;
+}
+
+// ddp-errors (1 rank): bad arguments give typed errors naming the value, and
+// change nothing (no collective ran: the model is as it was).
+inline int errors(const GroupFactory& make_group, std::ofstream& out) {
+  auto group = make_group();
+  auto model = make_model();
+  const auto before = model->parameters()[0].clone();
+  auto attempt = [&](const char* what, const auto& construct) {
+    try {
+      construct();
+      out << what << ": no error\n";
+    } catch (const c10::ValueError& e) {
+      out << what << ": ValueError " << first_line(e) << "\n";
+    } catch (const c10::Error& e) {
+      out << what << ": Error " << first_line(e) << "\n";
+    }
+  };
+  using Options = torchamp::DistributedDataParallelOptions;
+  attempt("null module",
+          [&] { torchamp::DistributedDataParallel(std::shared_ptr<torch::nn::Module>(), group); });
+  attempt("null group", [&] { torchamp::DistributedDataParallel(model.ptr(), {}); });
+  attempt("bucket_cap_mb 0", [&] {
+    torchamp::DistributedDataParallel(model.ptr(), group, Options().bucket_cap_mb(0));
+  });
+  attempt("bucket_cap_mb -2.5", [&] {
+    torchamp::DistributedDataParallel(model.ptr(), group, Options().bucket_cap_mb(-2.5));
+  });
+  torch::nn::Linear frozen(2, 2);
+  for (auto& p : frozen->parameters()) {
+    p.requires_grad_(false);
+  }
+  attempt("no trainable parameter",
+          [&] { torchamp::DistributedDataParallel(frozen.ptr(), group); });
+  out << "unchanged " << model->parameters()[0].equal(before) << "\n";
   return 0;
 }
 
@@ -350,6 +391,9 @@ inline int run(const std::string& scenario, int rank, int world, const GroupFact
   }
   if (scenario == "ddp-amp" || scenario == "ddp-amp-local") {
     return amp(scenario == "ddp-amp-local", rank, world, make_group, out);
+  }
+  if (scenario == "ddp-errors") {
+    return errors(make_group, out);
   }
   if (scenario == "ddp-exit") {
     return exit_mid_backward(rank, world, make_group, out);
