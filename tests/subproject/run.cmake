@@ -5,14 +5,20 @@
 file(REMOVE_RECURSE "${WORK}")
 string(REPLACE "|" ";" prefix_path "${TORCH_PREFIX_PATH}")
 set(source "${ROOT}")
+set(args "")
 if(WAY STREQUAL "fetchcontent")
+  # Its copy is built afresh (ccache cannot match its paths with the main
+  # build's), so as a unity build, a setting a parent may make: the library
+  # in a few translation units, LibTorch's headers parsed a few times, not 15.
+  # (The other two ways build the same sources with the main build's command
+  # lines: ccache hits.)
+  list(APPEND args -DCMAKE_UNITY_BUILD=ON)
   # A local copy of what a release archive holds, fetched by URL.
   set(source "${WORK}/torchamp-src")
   file(MAKE_DIRECTORY "${source}")
   file(COPY "${ROOT}/CMakeLists.txt" "${ROOT}/cmake" "${ROOT}/include" "${ROOT}/src"
        DESTINATION "${source}")
 endif()
-set(args "")
 if(CUDA_ROOT)
   list(APPEND args "-DCUDA_TOOLKIT_ROOT_DIR=${CUDA_ROOT}" "-DCUDAToolkit_ROOT=${CUDA_ROOT}"
        "-DCMAKE_CUDA_COMPILER=${CUDA_ROOT}/bin/nvcc")
