@@ -1,6 +1,6 @@
 """torchamp-train on several processes over a real Gloo group on loopback.
 
-    check_train_parallel.py APP WORK [TORCHRUN [README]]
+    check_train_parallel.py APP WORK [TORCHRUN [PAGE]]
 
 APP is torchamp-train (a build with Gloo's C++ headers) or torchamp-train-py
 (a wheel build: Python forms the group). Each rank is a process started with
@@ -21,7 +21,8 @@ TORCHRUN, torchrun itself also launches it. Checks:
    after --timeout;
 4. bad launches fail with exit 2 and say why;
 5. with TORCHRUN: torchrun --no-python launches both modes;
-6. with README: its torchrun commands for this build run as written.
+6. with PAGE (docs/demo.md): its torchrun commands for this build run as
+   written, from the repository root.
 """
 import csv
 import os
@@ -299,11 +300,11 @@ if TORCHRUN:
               f"{mode}: exit {p.returncode}, {n_logs} rank logs" +
               ("" if ok else "\n" + p.stdout[-2000:] + p.stderr[-3000:]))
 
-# 6. The README's torchrun commands for this build, as written (from the
+# 6. The page's torchrun commands for this build, as written (from the
 #    repository root; only --out goes to the test's folder, --epochs to 1).
 README = sys.argv[4] if len(sys.argv) > 4 else None
 if README:
-    root = os.path.dirname(os.path.abspath(README))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     text = open(README).read().replace("\\\n", " ")
     ran = 0
     for line in text.splitlines():
@@ -325,10 +326,10 @@ if README:
               f"README: {' '.join(words)}: exit {p.returncode}" +
               ("" if p.returncode == 0 else "\n" + p.stdout[-2000:] + p.stderr[-3000:]))
         ran += 1
-    # The README names the two builds ./scripts/demo and ./scripts/test make.
+    # The page names the two builds ./scripts/demo and ./scripts/test make.
     build = os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(APP))))
     if build in ("build", "build-2.13"):
-        check(ran > 0, f"README has {ran} torchrun commands for {APP}")
+        check(ran > 0, f"{README} has {ran} torchrun commands for {APP}")
 
 print(f"{len(failures)} failed" if failures else "all passed")
 sys.exit(1 if failures else 0)

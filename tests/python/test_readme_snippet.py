@@ -1,11 +1,11 @@
-"""The README's Python checkpoint snippet, pasted as it is.
+"""The Python checkpoint snippet of docs/checkpoints.md, pasted as it is.
 
-Run: python3 test_readme_snippet.py README CHECKPOINT_EXAMPLE WORKDIR
+Run: python3 test_readme_snippet.py PAGE CHECKPOINT_EXAMPLE WORKDIR
 
-Takes the ```python block after the README's <!-- readme-python-checkpoint -->
+Takes the ```python block after the page's <!-- readme-python-checkpoint -->
 marker and runs it in WORKDIR with this Python, where examples/checkpoint has
 already written to_python.pt (from a state Python saved). Exits 77 (skipped)
-on PyTorch before 2.6, for which the README gives the plain torch.load.
+on PyTorch before 2.6, for which the page gives the plain torch.load.
 """
 import os
 import subprocess
@@ -40,9 +40,9 @@ def main():
     out = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True, text=True)
     print(out.stdout, out.stderr)
     if out.returncode != 0 or "loaded scale 512.0" not in out.stdout:
-        print("FAILED: the README's snippet, pasted as it is, did not load the C++ checkpoint")
+        print(f"FAILED: the snippet of {readme}, pasted as it is, did not load the C++ checkpoint")
         return 1
-    print("the README's Python snippet ran as pasted")
+    print(f"the Python snippet of {readme} ran as pasted")
     return 0
 
 
