@@ -1,5 +1,5 @@
 #!/bin/bash
-# example.ddp_train: the README's DistributedDataParallel example under
+# example.ddp_train: docs/distributed.md's DistributedDataParallel example under
 # torchrun --nproc-per-node 2: both ranks skip step 10 (an overflow in one
 # rank's data) and end with the same weights.
 #   check_ddp_example.sh TORCHRUN EXAMPLE

@@ -56,7 +56,7 @@ struct DistributedDataParallelOptions {
   /// true (Python's default): gradients are averaged over the ranks. false:
   /// summed; weight each rank's loss by its share of the global batch and the
   /// sum is the global batch's gradient, with float16 activation gradients
-  /// the size of a single process's (see README, "Data-parallel training").
+  /// the size of a single process's (see docs/distributed.md, "DistributedDataParallel").
   TORCH_ARG(bool, average_gradients) = true;
 };
 

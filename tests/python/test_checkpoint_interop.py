@@ -101,7 +101,7 @@ class CheckpointInterop(unittest.TestCase):
                 self.assertEqual(run_tool(read, back), cpp)
 
     def test_readme_round_trip_through_examples_checkpoint(self):
-        # The README's two snippets: Python saves, examples/checkpoint.cpp
+        # docs/checkpoints.md's two snippets: Python saves, examples/checkpoint.cpp
         # loads and writes back, Python loads.
         scaler = enabled_python_scaler(init_scale=512.0, growth_interval=100)
         from_python = os.path.join(WORK, "from_python_example.pt")
