@@ -287,7 +287,11 @@ def run_with_timeout(cmd, env, cwd=None, timeout=180):
 if TORCHRUN:
     for n, mode in ((2, "data"), (3, "sharded")):
         out = os.path.join(WORK, f"torchrun-{mode}")
-        cmd = [TORCHRUN, "--nproc-per-node", str(n), "--no-python", APP, "--epochs", "1",
+        # The port given, two free in a row: left to itself torchrun takes a
+        # free port P, and P + 1 (torchamp-train's own store under torchrun)
+        # was once in use (2026-12-01: "failed to bind to 0.0.0.0:33092").
+        cmd = [TORCHRUN, "--nproc-per-node", str(n), "--master-port", str(free_port()),
+               "--no-python", APP, "--epochs", "1",
                "--modes", "fp16+scaler", "--parallel", mode, "--out", out]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
