@@ -76,8 +76,8 @@ foreach(line IN LISTS lines)
   endif()
 endforeach()
 
-# The ```cpp blocks without a marker: at most the verbatim examples the
-# readme.example.* tests check (this file is told how many: VERBATIM).
+# The ```cpp blocks without a marker: exactly the verbatim examples the
+# readme.example.* tests check (tests/CMakeLists.txt counts them: VERBATIM).
 list(LENGTH verbatim_blocks n_verbatim)
 if(NOT n_verbatim EQUAL VERBATIM)
   message(FATAL_ERROR "${README} has ${n_verbatim} ```cpp blocks without <!-- snippet --> "
@@ -109,16 +109,9 @@ string(APPEND content
   "  }\n"
   "  EXPECT_GT(ran, 0);\n"
   "}\n")
-foreach(token SEMI LB RB)
-  if(token STREQUAL "SEMI")
-    set(ch ";")
-  elseif(token STREQUAL "LB")
-    set(ch "[")
-  else()
-    set(ch "]")
-  endif()
-  string(REPLACE "<${token}>" "${ch}" content "${content}")
-endforeach()
+string(REPLACE "<SEMI>" ";" content "${content}")
+string(REPLACE "<LB>" "[" content "${content}")
+string(REPLACE "<RB>" "]" content "${content}")
 # Rewrite only on change: an unchanged README rebuilds nothing.
 set(old "")
 if(EXISTS "${OUT}")
