@@ -18,7 +18,7 @@
 //
 // Run without RANK it starts its two ranks itself (FileStore in /tmp).
 #include <torchamp/data_parallel.h>
-#include <torchamp/gloo.h>
+#include <torchamp/process_group.h>
 
 #include <ATen/Parallel.h>
 #include <torch/nn/functional/loss.h>
@@ -26,7 +26,6 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -122,10 +121,13 @@ void all_reduce_after_backward(c10d::ProcessGroup& group, torch::nn::Module& mod
 
 int rank_main(const Args& a, int rank, const std::string& store_file) {
   at::set_num_threads(a.threads);
-  auto store = c10::make_intrusive<c10d::FileStore>(store_file, 2);
-  auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(60000));
-  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  auto group = torchamp::make_gloo_process_group(store, rank, 2, options);
+  ::setenv("GLOO_SOCKET_IFNAME", "lo", 0);  // loopback, unless told otherwise
+  auto group = torchamp::init_process_group(torchamp::ProcessGroupOptions()
+                                                .backend("gloo")
+                                                .init_method("file://" + store_file)
+                                                .rank(rank)
+                                                .world_size(2)
+                                                .timeout(std::chrono::seconds(60)));
 
   auto plain = make_model(a), by_hand = make_model(a), wrapped = make_model(a);
   torchamp::DistributedDataParallelOptions ddp_options;

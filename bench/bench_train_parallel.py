@@ -2,9 +2,8 @@
 
     python3 bench/bench_train_parallel.py APP [--epochs N] [--repeats R]
 
-APP: build/apps/torchamp-train/torchamp-train (Debian's LibTorch, its own C++
-Gloo group) or build-2.13/apps/torchamp-train/torchamp-train-py (the wheel's;
-Python forms the group). Each run is the default task's fp16+scaler and
+APP: build/apps/torchamp-train/torchamp-train (Debian's LibTorch) or
+build-2.13/apps/torchamp-train/torchamp-train (the wheel's). Each run is the default task's fp16+scaler and
 bf16+scaler modes for N epochs (global batch 128); the ranks are started as
 torchrun starts them (its environment; OMP_NUM_THREADS=1 per rank, as
 torchrun sets). The table gives rank 0's mean training step (forward to

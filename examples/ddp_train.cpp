@@ -6,37 +6,14 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
-#include <torchamp/gloo.h>
 #include <torchamp/torchamp.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cmath>
-#include <cstdint>
-#include <cstdlib>
 #include <iostream>
-#include <string>
-
-static std::string env(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : fallback;
-}
 
 int main() {
-  // torchrun's environment. Its agent serves a store at MASTER_PORT in its own
-  // torch's protocol; rank 0 serves ours on the next port.
-  const int rank = std::stoi(env("RANK", "0")), world = std::stoi(env("WORLD_SIZE", "1"));
-  c10d::TCPStoreOptions store_options;
-  store_options.port =
-      static_cast<std::uint16_t>(std::stoi(env("MASTER_PORT", "29500")) +
-                                 (env("TORCHELASTIC_USE_AGENT_STORE", "") == "True" ? 1 : 0));
-  store_options.isServer = rank == 0;
-  store_options.numWorkers = world;
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      "ddp_train", torchamp::make_tcp_store(env("MASTER_ADDR", "127.0.0.1"), store_options));
-  auto gloo = c10d::ProcessGroupGloo::Options::create();
-  gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-  auto group = torchamp::make_gloo_process_group(store, rank, world, gloo);
+  auto group = torchamp::init_process_group();  // dist.init_process_group(): torchrun's env://
+  const int rank = group->getRank(), world = group->getSize();
 
   torch::manual_seed(rank);  // construction gives every rank rank 0's weights
   torch::nn::Sequential model(torch::nn::Linear(16, 64), torch::nn::Tanh(),

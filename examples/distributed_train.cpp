@@ -1,6 +1,6 @@
 // Sharded (ZeRO-1 style) training with a GradScaler on every rank, over c10d
 // with Gloo. Launch as torchrun users expect, one process per rank:
-//   MASTER_ADDR, MASTER_PORT  where rank 0 serves the TCPStore
+//   MASTER_ADDR, MASTER_PORT  where rank 0 serves the TCPStore (env://)
 //   WORLD_SIZE, RANK          the group size and this process's rank
 //   GLOO_SOCKET_IFNAME        optional: the network interface to use (e.g. lo)
 // Each rank computes gradients on its own data, the gradients are averaged,
@@ -12,36 +12,15 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
-#include <torchamp/gloo.h>
 #include <torchamp/torchamp.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <cstdlib>
 #include <iostream>
-#include <string>
-
-static std::string env(const char* name, const char* fallback = nullptr) {
-  const char* v = std::getenv(name);
-  if (v == nullptr && fallback == nullptr) {
-    throw std::runtime_error(std::string("set ") + name);
-  }
-  return v != nullptr ? v : fallback;
-}
+#include <vector>
 
 int main() {
-  const int rank = std::stoi(env("RANK"));
-  const int world = std::stoi(env("WORLD_SIZE"));
-  c10d::TCPStoreOptions store_opts;
-  store_opts.port = static_cast<std::uint16_t>(std::stoi(env("MASTER_PORT", "29500")));
-  store_opts.isServer = rank == 0;
-  store_opts.numWorkers = world;
-  auto store = torchamp::make_tcp_store(env("MASTER_ADDR", "127.0.0.1"), store_opts);
-  auto options = c10d::ProcessGroupGloo::Options::create();
-  const std::string ifname = env("GLOO_SOCKET_IFNAME", "");
-  options->devices.push_back(ifname.empty()
-                                 ? c10d::ProcessGroupGloo::createDefaultDevice()
-                                 : c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-  auto group = torchamp::make_gloo_process_group(store, rank, world, options);
+  auto group = torchamp::init_process_group(torchamp::ProcessGroupOptions().backend("gloo"));
+  const int rank = group->getRank();
+  const int world = group->getSize();
 
   torch::manual_seed(0);  // the same initial weights on every rank
   torch::nn::Sequential model(torch::nn::Linear(16, 64), torch::nn::Tanh(),

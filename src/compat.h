@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <sstream>
@@ -232,6 +233,130 @@ std::shared_ptr<Reducer> make_reducer(std::vector<at::Tensor> params,
                   "torchamp: this LibTorch's c10d::Reducer has a constructor compat.h does not "
                   "know");
     return make(without);
+  }
+}
+
+/// c10d's process groups. In 1.13 a backend (`ProcessGroupGloo`,
+/// `ProcessGroupNCCL`) is itself the `ProcessGroup`; from 2.0 on it is a
+/// `c10d::Backend` that a `ProcessGroup` dispatches to per device.
+constexpr bool kProcessGroupHasBackends = TORCH_VERSION_MAJOR >= 2;
+
+/// Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) Python's workers are
+/// clients of the store the agent serves at MASTER_PORT. The agent is the
+/// launcher's torch, and 1.13's TCPStore client cannot talk to a 2.x server
+/// (Debian 12's own torchrun, 1.13 on Python 3.11, cannot start workers, so
+/// a 2.x one launches them): a 1.13 build's rank 0 then serves a store of its
+/// own at MASTER_PORT + 1.
+constexpr bool kTcpStoreJoinsAgentStore = TORCH_VERSION_MAJOR >= 2;
+
+/// A `ProcessGroup` over `store`: 2.6 on take (store, rank, size); 2.0-2.5
+/// also the group's options (backend name and timeout).
+template <class ProcessGroup, class Store>
+c10::intrusive_ptr<ProcessGroup> make_process_group(const c10::intrusive_ptr<Store>& store,
+                                                    int rank, int size, const std::string& backend,
+                                                    std::chrono::milliseconds timeout) {
+  if constexpr (std::is_constructible_v<ProcessGroup, c10::intrusive_ptr<Store>, int, int>) {
+    (void)backend;
+    (void)timeout;
+    return c10::make_intrusive<ProcessGroup>(store, rank, size);
+  } else {
+    using Options = typename ProcessGroup::Options;
+    return c10::make_intrusive<ProcessGroup>(store, rank, size,
+                                             c10::make_intrusive<Options>(backend, timeout));
+  }
+}
+
+/// What a backend is held as: `intrusive_ptr<c10d::Backend>` from 2.0 on,
+/// the group itself in 1.13.
+template <class ProcessGroup, class = void>
+struct backend_ptr {
+  using type = c10::intrusive_ptr<ProcessGroup>;
+};
+template <class ProcessGroup>
+struct backend_ptr<ProcessGroup,
+                   std::void_t<decltype(std::declval<ProcessGroup&>().getDefaultBackend())>> {
+  using type = std::decay_t<decltype(std::declval<ProcessGroup&>().getDefaultBackend())>;
+};
+
+/// The group Python's `_new_process_group_helper` assembles over `store`
+/// (already `PrefixStore("<name>/")`): per device ("cpu", "cuda") the backend
+/// `make(name, store)` forms ("gloo", "nccl"), over `PrefixStore("<device>/")`;
+/// one backend for every device when they all name the same one; NCCL the
+/// default where it is one of them. 1.13 has one backend per group, formed
+/// over `store` itself.
+template <class ProcessGroup, class PrefixStore, class Store, class Make>
+c10::intrusive_ptr<ProcessGroup> assemble_group(
+    const c10::intrusive_ptr<Store>& store, int rank, int size,
+    const std::vector<std::pair<std::string, std::string>>& device_backends,
+    std::chrono::milliseconds timeout, Make make) {
+  if constexpr (kProcessGroupHasBackends) {
+    using Type = typename ProcessGroup::BackendType;
+    auto type_of = [](const std::string& name) { return name == "nccl" ? Type::NCCL : Type::GLOO; };
+    bool one = true;
+    bool nccl = false;
+    for (const auto& [device, name] : device_backends) {
+      one = one && name == device_backends.front().second;
+      nccl = nccl || name == "nccl";
+    }
+    auto group = make_process_group<ProcessGroup>(
+        store, rank, size, one ? device_backends.front().second : "gloo", timeout);
+    group->setDefaultBackend(nccl ? Type::NCCL : Type::GLOO);
+    typename backend_ptr<ProcessGroup>::type shared;
+    for (const auto& [device, name] : device_backends) {
+      if (!one || !shared) {
+        shared = make(name, c10::make_intrusive<PrefixStore>(device + "/", store));
+      }
+      group->setBackend(c10::Device(device).type(), type_of(name), shared);
+    }
+    return group;
+  } else {
+    (void)rank;
+    (void)size;
+    (void)timeout;
+    for (const auto& entry : device_backends) {
+      TORCH_CHECK_NOT_IMPLEMENTED(entry.second == device_backends.front().second,
+                                  "torchamp: LibTorch 1.13's process groups have one backend; "
+                                  "give backend \"gloo\" or \"nccl\", not one per device");
+    }
+    return make(device_backends.front().second, store);
+  }
+}
+
+template <class T, class = void>
+struct has_use_libuv : std::false_type {};
+template <class T>
+struct has_use_libuv<T, std::void_t<decltype(std::declval<T&>().useLibUV)>> : std::true_type {};
+
+/// Asks for (or declines) TCPStore's libuv server where the options have
+/// the choice (2.2 on); returns whether it was asked for.
+template <class TCPStoreOptions>
+bool set_use_libuv(TCPStoreOptions& options, bool on) {
+  if constexpr (has_use_libuv<TCPStoreOptions>::value) {
+    options.useLibUV = on;
+    return on;
+  } else {
+    (void)options;
+    (void)on;
+    return false;
+  }
+}
+
+template <class T, class = void>
+struct has_set_group_name : std::false_type {};
+template <class T>
+struct has_set_group_name<
+    T, std::void_t<decltype(std::declval<T&>().setGroupName(std::declval<std::string>()))>>
+    : std::true_type {};
+
+/// Names the group as Python does ("0" for the default group, then "1",
+/// ...) where the ProcessGroup has names (2.2 on).
+template <class ProcessGroup>
+void set_group_name(ProcessGroup& group, const std::string& name) {
+  if constexpr (has_set_group_name<ProcessGroup>::value) {
+    group.setGroupName(name);
+  } else {
+    (void)group;
+    (void)name;
   }
 }
 

@@ -2,8 +2,8 @@
 
     check_train_parallel.py APP WORK [TORCHRUN [PAGE]]
 
-APP is torchamp-train (a build with Gloo's C++ headers) or torchamp-train-py
-(a wheel build: Python forms the group). Each rank is a process started with
+APP is torchamp-train, whose ranks form their group with
+torchamp::init_process_group (env://). Each rank is a process started with
 torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); with
 TORCHRUN, torchrun itself also launches it. Checks:
 
@@ -47,7 +47,8 @@ def check(ok, what):
 
 
 def free_port():
-    # Two in a row: torchamp-train's own store takes MASTER_PORT + 1 under torchrun.
+    # Two in a row: on LibTorch 1.13, rank 0 serves its own store at MASTER_PORT + 1
+    # under torchrun (src/compat.h, kTcpStoreJoinsAgentStore).
     for _ in range(50):
         with socket.socket() as a, socket.socket() as b:
             a.bind(("127.0.0.1", 0))
@@ -254,11 +255,12 @@ check(rc == 1 and "did not arrive within 3 s" in out,
       repr(out.strip().splitlines()[-1][:200] if out.strip() else ""))
 
 # 4. Launches that cannot work.
-env = dict(os.environ, WORLD_SIZE="2", RANK="0")
+env = dict(os.environ, WORLD_SIZE="2", RANK="0", MASTER_ADDR="127.0.0.1")
 env.pop("MASTER_PORT", None)
 p = subprocess.run([APP, "--out", os.path.join(WORK, "bad")], env=env, capture_output=True,
                    text=True, timeout=60)
-check(p.returncode == 2 and "MASTER_PORT" in p.stderr, f"no MASTER_PORT: exit {p.returncode}, "
+check(p.returncode == 2 and "environment variable MASTER_PORT expected, but not set" in p.stderr,
+      f"no MASTER_PORT: exit {p.returncode}, "
       f"{p.stderr.strip()[:120]!r}")
 bad = launch(2, ["--out", os.path.join(WORK, "bad"), "--batch-size", "1"], "bad-batch")
 check(all(rc == 2 and "--batch-size" in out for rc, out, _ in bad),

@@ -86,4 +86,15 @@ TEST(Distributed, ARankThatExitsMidStepGivesTheOthersAnErrorNotAHang) {
   EXPECT_EQ(out[3], "unchanged 1 1");  // scale, trackers and gradients
 }
 
+TEST(Distributed, NewGroupsAreFormedOverTheDefaultGroupsRendezvous) {
+  const auto outputs = run_ranks("new-group", 3);
+  ASSERT_EQ(outputs.size(), 3u);
+  EXPECT_EQ(outputs[0], (std::vector<std::string>{"default 0 of 3 sum 6", "all 0 of 3 sum 6",
+                                                  "ends 0 of 2 sum 4"}));
+  EXPECT_EQ(outputs[1],
+            (std::vector<std::string>{"default 1 of 3 sum 6", "all 1 of 3 sum 6", "ends none"}));
+  EXPECT_EQ(outputs[2], (std::vector<std::string>{"default 2 of 3 sum 6", "all 2 of 3 sum 6",
+                                                  "ends 1 of 2 sum 4"}));
+}
+
 }  // namespace

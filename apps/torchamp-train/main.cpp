@@ -556,10 +556,8 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
   }
   if (env.world > 1 && !make_group) {
     std::cerr << "error: WORLD_SIZE=" << env.world
-              << " but this torchamp-train was built against a LibTorch without Gloo's C++ "
-                 "headers (the pip wheels ship none), so it cannot form a process group. Launch "
-                 "torchamp-train-py (beside it in a wheel build: Python forms the group) or "
-                 "build against Debian's libtorch-dev.\n";
+              << " but this torchamp-train was built without distributed support "
+                 "(TORCHAMP_WITH_DISTRIBUTED=OFF), so it cannot form a process group.\n";
     return 2;
   }
   config.world_size = env.world;

@@ -34,17 +34,6 @@ LaunchEnv LaunchEnv::from_environment() {
   e.world = env_int("WORLD_SIZE", 1, 1, 1 << 20);
   e.rank = env_int("RANK", 0, 0, e.world - 1);
   e.local_rank = env_int("LOCAL_RANK", e.rank, 0, 1 << 20);
-  if (const char* a = std::getenv("MASTER_ADDR"); a != nullptr && *a != '\0') {
-    e.master_addr = a;
-  }
-  e.master_port = env_int("MASTER_PORT", 0, 0, 65535);
-  if (e.world > 1 && e.master_port == 0) {
-    throw std::invalid_argument("WORLD_SIZE=" + std::to_string(e.world) +
-                                " but no MASTER_PORT: launch with torchrun, or set RANK, "
-                                "WORLD_SIZE, MASTER_ADDR and MASTER_PORT");
-  }
-  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  e.agent_store = agent != nullptr && std::string(agent) == "True";
   return e;
 }
 

@@ -33,15 +33,12 @@
 namespace torchamp_train {
 
 /// What torchrun (or whoever starts the processes) says about this one:
-/// RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and whether
-/// torchrun's agent already hosts a store there (TORCHELASTIC_USE_AGENT_STORE).
+/// RANK, WORLD_SIZE, LOCAL_RANK (where the ranks meet is
+/// torchamp::init_process_group's business).
 struct LaunchEnv {
   int rank = 0;
   int world = 1;
   int local_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 0;
-  bool agent_store = false;
   /// Reads the variables; throws std::invalid_argument naming a malformed
   /// one. Without WORLD_SIZE: one process.
   static LaunchEnv from_environment();
@@ -111,8 +108,9 @@ class Parallel {
 /// in order, each to the least loaded rank so far (the lowest on a tie).
 std::vector<int> partition(const std::vector<int64_t>& sizes, int world);
 
-/// Forms the process group of a multi-process run; null where this build
-/// cannot (then torchamp-train says how to launch instead).
+/// Forms the process group of a multi-process run (throws
+/// std::invalid_argument for a bad launch environment); null in a build
+/// without distributed.
 using GroupMaker = std::function<Parallel(const LaunchEnv&, const std::string& mode,
                                           std::chrono::milliseconds timeout)>;
 

@@ -8,6 +8,7 @@
 #if defined(TORCHAMP_WITH_DISTRIBUTED)
 #include <torchamp/data_parallel.h>
 #include <torchamp/distributed.h>
+#include <torchamp/process_group.h>
 #endif
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>

@@ -72,7 +72,25 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build "${WORK}/build" RESULT_VARIABLE
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "build failed")
 endif()
-execute_process(COMMAND "${WORK}/build/consumer" RESULT_VARIABLE rc)
+# CHECK_NO_GLOO: the program's compile read no Gloo header (the compiler's
+# dependency files list every header it read).
+if(CHECK_NO_GLOO)
+  file(GLOB_RECURSE depfiles "${WORK}/build/CMakeFiles/*.o.d")
+  if(NOT depfiles)
+    message(FATAL_ERROR "no dependency files under ${WORK}/build to check")
+  endif()
+  foreach(depfile IN LISTS depfiles)
+    file(STRINGS "${depfile}" gloo REGEX "/gloo/")
+    if(gloo)
+      message(FATAL_ERROR "${depfile}: the program read Gloo headers:\n${gloo}")
+    endif()
+  endforeach()
+  message(STATUS "no Gloo header read (${depfiles})")
+endif()
+# RUN_WITH ('|'-separated): a command that runs the program, given its path
+# and RUN_ARGS (tests/consumer_ddp: a Python script that starts it under torchrun).
+string(REPLACE "|" ";" run_with "${RUN_WITH}")
+execute_process(COMMAND ${run_with} "${WORK}/build/consumer" ${RUN_ARGS} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "consumer exited with ${rc}")
 endif()

@@ -1,16 +1,18 @@
 """torchamp::DistributedDataParallel against Python's DistributedDataParallel.
 
-    python -m torch.distributed.run --standalone --nproc-per-node N ddp_parity.py WORK
+    python -m torch.distributed.run --standalone --nproc-per-node N ddp_parity.py DIST_WORKER WORK
 
 Each rank trains the model of tests/tools/ddp_scenarios.h's ddp-train (same
 initial weights and batches, computed with the same ops; SGD with momentum in
 two parameter groups; 1 KiB buckets; gradients set to None between steps) with
-Python's DDP, then runs ddp-train itself, the C++ class over the same Gloo
-group (torchamp_dist_ext). Rank 0 compares: the parameters after 5 steps bit
-for bit, and the buckets after the rebuild.
+Python's DDP, then starts its C++ twin, DIST_WORKER ddp-train: the C++ class
+over a group that torchamp::init_process_group forms (file://). Rank 0
+compares: the parameters after 5 steps bit for bit, and the buckets after the
+rebuild.
 """
 import datetime
 import os
+import subprocess
 import sys
 
 import torch
@@ -18,10 +20,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-import torchamp_dist_ext
-
 GLOBAL_BATCH = 12
-work = sys.argv[1]
+worker, work = sys.argv[1], sys.argv[2]
 os.makedirs(work, exist_ok=True)
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
@@ -59,8 +59,12 @@ python_lines = ["param %.9g" % v for p in params for v in p.detach().flatten().t
 python_lines += ["buckets %d" % len(buckets)] + ["bucket " + " ".join(map(str, b)) for b in buckets]
 
 cpp_out = os.path.join(work, f"cpp.{world}.{rank}")
-group = dist.distributed_c10d._get_default_group()
-code = torchamp_dist_ext.run("ddp-train", rank, world, group, cpp_out)
+store = os.path.join(work, f"store.{world}")
+if rank == 0 and os.path.exists(store):
+    os.remove(store)
+dist.barrier()
+code = subprocess.run([worker, "ddp-train", str(rank), str(world), store, cpp_out],
+                      timeout=120).returncode
 with open(cpp_out) as f:
     cpp_lines = f.read().splitlines()
 dist.barrier()

@@ -2,10 +2,8 @@
 
 // The scenarios of the distributed scaler tests, one rank each (see
 // tests/test_distributed.cpp, which starts several as real processes over
-// loopback). The process group comes from the caller: dist_worker.cpp builds
-// a C++ Gloo group (needs Gloo's headers: Debian's libgloo-dev), dist_pyext.cpp
-// takes the one Python's torch.distributed built (a pip wheel's LibTorch, which
-// ships no Gloo headers but has Gloo inside).
+// loopback). The process group comes from the caller: dist_worker.cpp forms
+// it with torchamp::init_process_group.
 //
 // Scenarios:
 //   agree    3 steps; rank 1 (if any) writes inf into a gradient at step 1
@@ -19,11 +17,14 @@
 //            no process group): the reference for sharded
 //   sharded-fused, single-fused  the same with torchamp's fused SGD
 //   exit     rank 1 exits at step 1 before stepping; rank 0 reports the error
+//   new-group  torchamp::new_group over every rank and over the first and
+//            last, each summing rank + 1
 // Every line of the output file is one observation; the test compares them.
 #include "ddp_scenarios.h"
 
 #include <torchamp/distributed.h>
 #include <torchamp/optim.h>
+#include <torchamp/process_group.h>
 
 #include <torch/torch.h>
 
@@ -215,9 +216,30 @@ inline int exit_mid_step(int rank, int /*world*/, const GroupFactory& make_group
   return 0;
 }
 
+// new-group: groups beside the default one, as Python's dist.new_group.
+inline int new_groups(int rank, int world, const GroupFactory& make_group, std::ofstream& out) {
+  auto whole = make_group();
+  auto sum = [&](const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+    std::vector<at::Tensor> t = {torch::full({1}, rank + 1.0)};
+    group->allreduce(t)->wait();
+    return t[0].item<double>();
+  };
+  auto all = torchamp::new_group();
+  auto ends = torchamp::new_group(torchamp::NewGroupOptions().ranks({world - 1, 0}));
+  out << "default " << whole->getRank() << " of " << whole->getSize() << " sum " << sum(whole)
+      << "\n";
+  out << "all " << all->getRank() << " of " << all->getSize() << " sum " << sum(all) << "\n";
+  if (ends) {
+    out << "ends " << ends->getRank() << " of " << ends->getSize() << " sum " << sum(ends) << "\n";
+  } else {
+    out << "ends none\n";
+  }
+  return 0;
+}
+
 /// Runs SCENARIO as rank RANK of WORLD, writing observations to OUT_PATH; the
-/// process group comes from `make_group` (C++ Gloo in dist_worker, Python's
-/// torch.distributed in dist_worker.py). Returns the process exit code.
+/// process group comes from `make_group` (torchamp::init_process_group in
+/// dist_worker), at most once. Returns the process exit code.
 inline int run_scenario(const std::string& scenario, int rank, int world,
                         const GroupFactory& make_group, const std::string& out_path) {
   std::ofstream out(out_path);
@@ -233,6 +255,9 @@ inline int run_scenario(const std::string& scenario, int rank, int world,
     }
     if (scenario == "exit") {
       return exit_mid_step(rank, world, make_group, out);
+    }
+    if (scenario == "new-group") {
+      return new_groups(rank, world, make_group, out);
     }
     if (const int code = torchamp_ddp::run(scenario, rank, world, make_group, out); code >= 0) {
       return code;
