@@ -154,17 +154,29 @@ c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, int port, int
   options.port = static_cast<uint16_t>(port);
   where = host + ":" + std::to_string(port) + (agent ? " (torchrun's agent store)" : "");
   const bool asked_libuv = options.isServer && compat::set_use_libuv(options, use_libuv);
+  c10::intrusive_ptr<c10d::Store> store;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(host, options);
+    store = c10::make_intrusive<c10d::TCPStore>(host, options);
   } catch (const c10::Error& e) {
     // A LibTorch built without libuv (Debian's 2.6) refuses the server
     // Python asks for by default; the classic server then serves.
-    if (asked_libuv && std::string(e.what()).find("libuv") != std::string::npos) {
-      compat::set_use_libuv(options, false);
-      return c10::make_intrusive<c10d::TCPStore>(host, options);
+    if (!asked_libuv || std::string(e.what()).find("libuv") == std::string::npos) {
+      throw;
     }
-    throw;
+    compat::set_use_libuv(options, false);
+    store = c10::make_intrusive<c10d::TCPStore>(host, options);
   }
+  // torchrun's agent keeps its store across the restarts of --max-restarts:
+  // without a prefix per attempt, a restarted rank reads the addresses the
+  // previous attempt's ranks published and connects to processes that are
+  // gone. (Python 2.13's static rendezvous has the same store and no prefix;
+  // older Pythons had this one.)
+  if (agent) {
+    const std::string attempt = env_or_empty("TORCHELASTIC_RESTART_COUNT");
+    store = c10::make_intrusive<c10d::PrefixStore>(
+        "/worker/attempt_" + (attempt.empty() ? std::string("0") : attempt), store);
+  }
+  return store;
 }
 
 int query_int(const Url& url, const char* key) {

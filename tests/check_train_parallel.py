@@ -21,6 +21,13 @@ TORCHRUN, torchrun itself also launches it. Checks:
    after --timeout;
 4. bad launches fail with exit 2 and say why;
 5. with TORCHRUN: torchrun --no-python launches both modes;
+7. with TORCHRUN, faults: under --max-restarts 1 a rank SIGKILLed after the
+   first checkpoint (data on 2), between two checkpoint writes (sharded on 3),
+   or inside a checkpoint write (data on 2, rank 0) is restarted by torchrun
+   with the same command line; the job exits 0 and its metrics.csv and rank
+   logs are byte-identical to an uninterrupted torchrun run's. A stopped rank
+   (SIGSTOP): the other fails within --timeout naming the collective,
+   torchrun ends the job, and no process of it is left;
 6. with PAGE (docs/demo.md): its torchrun commands for this build run as
    written, from the repository root.
 """
@@ -305,6 +312,158 @@ if TORCHRUN:
               f"torchrun --nproc-per-node {n} --no-python {os.path.basename(APP)} --parallel "
               f"{mode}: exit {p.returncode}, {n_logs} rank logs" +
               ("" if ok else "\n" + p.stdout[-2000:] + p.stderr[-3000:]))
+
+# 7. Faults under torchrun: restarts that resume, and a stopped rank.
+def job_pids(tag):
+    """The processes (torchrun's agent and workers) started with TORCHAMP_FT_TAG=tag."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            if f"TORCHAMP_FT_TAG={tag}".encode() in env:
+                pids.append((int(d), env))
+    return pids
+
+
+def worker(tag, rank):
+    """The pid of rank `rank`'s worker process in the job tagged `tag` (None: not yet)."""
+    for pid, env in job_pids(tag):
+        if f"RANK={rank}".encode() in env and any(e.startswith(b"TORCHELASTIC_") for e in env):
+            try:
+                if os.path.realpath(f"/proc/{pid}/exe") == os.path.realpath(APP):
+                    return pid
+            except OSError:
+                pass
+    return None
+
+
+def torchrun_job(n, args, out, tag, env_extra=None, max_restarts=1, fault=None, timeout=300):
+    """torchrun --max-restarts N over APP; `fault(tag, out)` runs while it does."""
+    cmd = [TORCHRUN, "--nproc-per-node", str(n), "--max-restarts", str(max_restarts),
+           "--master-port", str(free_port()), "--no-python", APP] + args + ["--out", out]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHAMP_FT_TAG=tag, **(env_extra or {}))
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    log = open(os.path.join(WORK, tag + ".log"), "w+")
+    start = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    note = fault(tag, out) if fault else ""
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = "hung"
+    elapsed = time.monotonic() - start
+    log.seek(0)
+    text = log.read()
+    log.close()
+    return rc, text, elapsed, note
+
+
+def wait_for(cond, seconds=120):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.01)
+    return None
+
+
+def kill_after_checkpoints(rank, writes):
+    """SIGKILLs rank `rank`'s worker once the run's checkpoint has been written `writes` times."""
+    def fault(tag, out):
+        ckpt = os.path.join(out, "checkpoint.pt")
+        seen = []
+
+        def written():
+            try:
+                m = os.stat(ckpt).st_mtime_ns
+            except OSError:
+                return False
+            if not seen or seen[-1] != m:
+                seen.append(m)
+            return len(seen) >= writes
+        if not wait_for(written):
+            return "no checkpoint"
+        pid = wait_for(lambda: worker(tag, rank))
+        if pid is None:
+            return f"no rank {rank} worker"
+        os.kill(pid, signal.SIGKILL)
+        return f"rank {rank} (pid {pid}) SIGKILLed after {writes} checkpoint write(s)"
+    return fault
+
+
+ft = ["--modes", "fp16+scaler", "--epochs", "6", "--init-scale", "1e9", "--growth-interval", "3",
+      "--checkpoint-every", "8", "--timeout", "20"]
+
+
+def same_bytes(a, b, n):
+    # (summary.csv holds times: not compared)
+    files = ["metrics.csv"] + [f"ranks/rank{r}.csv" for r in range(n)]
+    return [f for f in files
+            if open(os.path.join(a, f), "rb").read() != open(os.path.join(b, f), "rb").read()]
+
+
+if TORCHRUN:
+    whole = {}
+    for n, mode in ((2, "data"), (3, "sharded")):
+        out = os.path.join(WORK, f"ft-whole-{mode}")
+        rc, text, t, _ = torchrun_job(n, ft + ["--parallel", mode], out, f"ft-whole-{mode}-{os.getpid()}")
+        check(rc == 0, f"torchrun --max-restarts 1, {mode} on {n}, uninterrupted: exit {rc}" +
+              ("" if rc == 0 else "\n" + text[-3000:]))
+        whole[mode] = out
+    cases = [
+        (2, "data", "ft-killed-data", kill_after_checkpoints(1, 1), None,
+         "rank 1 SIGKILLed after the first checkpoint"),
+        (3, "sharded", "ft-killed-sharded", kill_after_checkpoints(1, 2), None,
+         "rank 1 SIGKILLed between the 2nd and 3rd checkpoint writes"),
+        (2, "data", "ft-killed-in-write", None,
+         {"TORCHAMP_TRAIN_KILL_IN_CHECKPOINT": "2",
+          "TORCHAMP_TRAIN_KILL_ONCE": os.path.join(WORK, "ft-killed-in-write.once")},
+         "rank 0 SIGKILLed inside its 2nd checkpoint write"),
+    ]
+    for n, mode, name, fault, env_extra, what in cases:
+        out = os.path.join(WORK, name)
+        rc, text, t, note = torchrun_job(n, ft + ["--parallel", mode], out,
+                                         f"{name}-{os.getpid()}", env_extra, fault=fault)
+        resumed = [l for l in text.splitlines() if "resuming at mode 1/1, step " in l]
+        step = int(resumed[0].rsplit(" ", 1)[1]) if resumed else 0
+        differ = same_bytes(whole[mode], out, n) if rc == 0 else ["(not run)"]
+        check(rc == 0 and resumed and 0 < step and not differ and
+              os.path.exists(os.path.join(WORK, name + ".once")) == (env_extra is not None),
+              f"torchrun --max-restarts 1, {mode} on {n}, {what} ({note or 'by the hook'}): "
+              f"exit {rc} in {t:.1f} s, restarted and '{resumed[0].strip() if resumed else '?'}', "
+              f"metrics and {n} rank logs byte-identical to the uninterrupted run's"
+              + (f"; DIFFER: {differ}" if differ else "")
+              + ("" if rc == 0 and resumed else "\n" + text[-3000:]))
+
+    def stop_worker_1(tag, out):
+        pid = wait_for(lambda: os.path.exists(os.path.join(out, "ranks", "rank1.csv")) and
+                       worker(tag, 1))
+        if pid is None:
+            return "no rank 1 worker"
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGSTOP)
+        return f"rank 1 (pid {pid}) SIGSTOPped"
+
+    tag = f"ft-stopped-{os.getpid()}"
+    rc, text, t, note = torchrun_job(2, ["--modes", "fp32", "--epochs", "1000", "--timeout", "3",
+                                         "--parallel", "data"], os.path.join(WORK, "ft-stopped"),
+                                     tag, max_restarts=0, fault=stop_worker_1, timeout=240)
+    left = [pid for pid, _ in job_pids(tag)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    named = "error: rank 0 of 2: the gradient all-reduce over the process group failed" in text \
+        and "did not arrive within 3 s" in text
+    check(rc not in (0, "hung") and named and not left,
+          f"torchrun, {note}: rank 0 fails naming the all-reduce and the 3 s timeout, torchrun "
+          f"exits {rc} after {t:.1f} s, processes left: {left}" +
+          ("" if named else "\n" + text[-3000:]))
 
 # 6. The page's torchrun commands for this build, as written (from the
 #    repository root; only --out goes to the test's folder, --epochs to 1).

@@ -114,9 +114,27 @@ rc=0
 "$app" --task deep --lr 0.5 --resume "$work/outside" >"$work/bad.log" 2>&1 || rc=$?
 [ "$rc" -eq 2 ] && grep -q -- "--lr is 0.5 here but 0.01" "$work/bad.log" ||
   fail "mismatched --lr: exit $rc, $(cat "$work/bad.log")"
-# Resuming a finished run changes nothing and prints its table.
+# Resuming a finished run, or --out on it with its options, changes nothing,
+# says so and prints its table.
 cp "$work/outside/metrics.csv" "$work/before.csv"
 "$app" --resume "$work/outside" >"$work/done.log"
 grep -q "| fp16+scaler | " "$work/done.log" || fail "no table for a finished run"
+grep -q "has finished" "$work/done.log" || fail "--resume of a finished run: $(cat "$work/done.log")"
+"$app" "${args[@]}" --out "$work/outside" >"$work/done.log"
+grep -q "has finished" "$work/done.log" && grep -q "| fp16+scaler | " "$work/done.log" ||
+  fail "--out on a finished run: $(cat "$work/done.log")"
 cmp "$work/before.csv" "$work/outside/metrics.csv" || fail "resuming a finished run changed it"
+# --out on a run folder with other options is refused, naming the option.
+rc=0
+"$app" "${args[@]}" --lr 0.5 --out "$work/outside" >"$work/bad.log" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -q -- "holds a run whose --lr is 0.01, but this one's is 0.5" "$work/bad.log" ||
+  fail "--out with another --lr: exit $rc, $(cat "$work/bad.log")"
+# --out on a killed run with its options continues it (what a torchrun restart does).
+rc=0
+TORCHAMP_TRAIN_KILL_AT_STEP=40 "$app" "${args[@]}" --checkpoint-every 7 --out "$work/again-out" \
+  >/dev/null || rc=$?
+[ "$rc" -eq 137 ] || fail "the --out run was not killed (exit $rc)"
+"$app" "${args[@]}" --checkpoint-every 7 --out "$work/again-out" >"$work/resume.log"
+grep -q "resuming at mode 1/" "$work/resume.log" || fail "--out did not resume: $(cat "$work/resume.log")"
+same_as "$work/outside-full" "$work/again-out"
 echo "exact resume: all runs identical to the uninterrupted ones"

@@ -503,7 +503,11 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
   app.add_option("--seed", seed, "Seed of the split, initial weights and batch order")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  auto* out_opt = app.add_option("--out", out_dir, "Output folder (default runs/<date-time>/)");
+  auto* out_opt = app.add_option(
+      "--out", out_dir,
+      "Output folder (default runs/<date-time>/). A folder that holds a run of the same options "
+      "continues it from its last checkpoint (torchrun --max-restarts restarts the same command "
+      "line); one of other options is an error");
   app.add_option("--resume", resume_dir,
                  "Continue the run in this folder from its last checkpoint (instead of --out; "
                  "options given must match the run's)")
@@ -581,18 +585,24 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
   }
 
   try {
-    const bool resuming = !resume_dir.empty();
+    const bool resume_given = !resume_dir.empty();
     // Every rank knows the same folder: without --out, rank 0's clock names
     // it (all ranks start within a second, but need not agree on which).
-    if (!resuming && out_dir.empty() && env.world > 1) {
+    if (!resume_given && out_dir.empty() && env.world > 1) {
       std::cerr << "error: on more than one process give --out (or --resume)\n";
       return 2;
     }
-    RunFolder folder(resuming          ? fs::path(resume_dir)
-                     : out_dir.empty() ? fs::path(default_out_dir())
-                                       : fs::path(out_dir));
+    const fs::path run_dir = resume_given      ? fs::path(resume_dir)
+                             : out_dir.empty() ? fs::path(default_out_dir())
+                                               : fs::path(out_dir);
+    RunFolder folder(run_dir);
+    // --out on a run folder: the same command line again (a torchrun restart
+    // after a failure, or a user's); it continues where the run stopped.
+    const bool out_has_run =
+        !resume_given && !out_dir.empty() && fs::exists(run_dir / "config.txt");
+    const bool resuming = resume_given || out_has_run;
     Position position;
-    if (resuming) {
+    if (resume_given) {
       // The run's own settings; an option given here must agree with them.
       const auto saved = folder.read_config();
       for (const auto& [key, value] : config.to_map()) {
@@ -631,12 +641,46 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
     // default modes then leave the CUDA one out; asking for it is an error.
     const auto cuda_mode = std::find(config.modes.begin(), config.modes.end(), "cuda-fp16+scaler");
     if (env.world > 1 && cuda_mode != config.modes.end()) {
-      if (app.count("--modes") > 0 || resuming) {
+      if (app.count("--modes") > 0 || resume_given) {
         std::cerr << "--modes: cuda-fp16+scaler runs on one process only (several processes "
                      "train on the CPU over Gloo; NCCL is not supported yet)\n";
         return 2;
       }
       config.modes.erase(cuda_mode);
+    }
+    if (out_has_run) {
+      // Every setting must be the run's: another one would mix two runs.
+      const auto saved = folder.read_config();
+      auto mine = config.to_map();
+      for (const auto& [key, value] : saved) {
+        mine.emplace(key, "");  // compare both ways
+      }
+      for (const auto& [key, value] : mine) {
+        const auto it = saved.find(key);
+        const std::string theirs = it == saved.end() ? "" : it->second;
+        if (theirs != value) {
+          std::cerr << "--out: " << run_dir.string() << " holds a run whose --" << key << " is "
+                    << (theirs.empty() ? "unset" : theirs) << ", but this one's is "
+                    << (value.empty() ? "unset" : value)
+                    << ": give its options to continue it, or another --out\n";
+          return 2;
+        }
+      }
+      if (fs::exists(folder.checkpoint())) {
+        position = read_position(folder.checkpoint());
+      }
+    }
+    if (resuming && position.mode_index >= static_cast<int64_t>(config.modes.size())) {
+      if (env.rank == 0) {
+        std::cout << "torchamp-train: the run in " << run_dir.string() << " has finished ("
+                  << (config.modes.size() == 1
+                          ? std::string("its one mode")
+                          : "all " + std::to_string(config.modes.size()) + " modes")
+                  << " done); nothing to do. Its results (" << folder.path("summary.csv").string()
+                  << "):\n";
+        print_table(std::cout, folder.summaries());
+      }
+      return 0;
     }
     // Sharded, every rank owns a parameter (the network has two per layer).
     const int n_params = 2 * (find_task(config.task).hidden_layers + 1);
@@ -687,7 +731,8 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
                 << " test images from " << config.data << "; " << config.epochs << " epochs, batch "
                 << config.batch_size << ", " << (config.fused ? "torchamp's fused " : "LibTorch's ")
                 << config.optimizer << ", lr " << config.lr << ", seed " << config.seed << "; "
-                << (resuming ? "resuming" : "output") << " in " << folder.path("").string() << "\n";
+                << (continuing ? "resuming" : "output") << " in " << folder.path("").string()
+                << "\n";
       if (parallel.distributed()) {
         std::cout << parallel.world() << " processes over Gloo, "
                   << (parallel.sharded() ? "sharded optimizer (each rank steps its shard; the "
@@ -696,9 +741,11 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
                   << ", global batch " << config.batch_size << "; every rank logs its steps in "
                   << folder.path("ranks").string() << "/\n";
       }
-      if (resuming) {
+      if (continuing) {
         std::cout << "resuming at mode " << position.mode_index + 1 << "/" << config.modes.size()
                   << ", step " << position.step << "\n";
+      } else if (resuming) {
+        std::cout << "no checkpoint in " << run_dir.string() << " yet: the run starts again\n";
       }
       std::cout << "LibTorch " << TORCH_VERSION << ": the fp16 modes "
                 << (cpu_fp16_autocast() ? "run under CPU float16 autocast (matmuls in float16)"

@@ -202,6 +202,19 @@ Position read_position(torch::serialize::InputArchive& a) {
   return p;
 }
 
+// The test hooks' SIGKILL. With TORCHAMP_TRAIN_KILL_ONCE=FILE it fires only
+// if FILE does not exist yet, and creates it: once per job, not again in the
+// processes torchrun restarts with the same environment.
+void die_by_test_hook() {
+  if (const char* once = std::getenv("TORCHAMP_TRAIN_KILL_ONCE"); once != nullptr && *once) {
+    if (std::filesystem::exists(once)) {
+      return;
+    }
+    std::ofstream(once) << "killed\n";
+  }
+  std::raise(SIGKILL);
+}
+
 // Saves `archive` to `path` through a temporary name: a process killed while
 // writing leaves the last complete checkpoint in place. The test hook
 // TORCHAMP_TRAIN_KILL_IN_CHECKPOINT=K kills this process with SIGKILL right
@@ -213,7 +226,7 @@ void save_atomically(torch::serialize::OutputArchive& archive, const std::string
   ++saved;
   if (const char* k = std::getenv("TORCHAMP_TRAIN_KILL_IN_CHECKPOINT")) {
     if (std::atoi(k) == saved) {
-      std::raise(SIGKILL);
+      die_by_test_hook();
     }
   }
   std::filesystem::rename(tmp, path);
@@ -243,7 +256,7 @@ void maybe_die_after_step() {
   static int64_t steps = 0;
   static const char* k = std::getenv("TORCHAMP_TRAIN_KILL_AT_STEP");
   if (k != nullptr && ++steps == std::atoll(k)) {
-    std::raise(SIGKILL);
+    die_by_test_hook();
   }
 }
 
