@@ -1,8 +1,8 @@
 #pragma once
 
 // Starting the ranks of a distributed test scenario as real processes
-// (TORCHAMP_DIST_WORKER: tests/tools/dist_worker or, in a wheel build,
-// tests/python/dist_worker.py) and reading what each one wrote.
+// (TORCHAMP_DIST_WORKER: tests/tools/dist_worker) and reading what each one
+// wrote.
 
 #include <gtest/gtest.h>
 
