@@ -33,6 +33,7 @@ TORCHRUN, torchrun itself also launches it. Checks:
 """
 import csv
 import os
+import re
 import shutil
 import signal
 import socket
@@ -458,10 +459,13 @@ if TORCHRUN:
     left = [pid for pid, _ in job_pids(tag)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
-    named = "error: rank 0 of 2: the gradient all-reduce over the process group failed" in text \
-        and "did not arrive within 3 s" in text
+    # The collective is whichever rank 0 was in when rank 1 stopped: the
+    # gradients' all-reduce, or the one of the step's statistics.
+    named = re.search(r"error: rank 0 of 2: the ([a-z -]+) over the process group failed "
+                      r"\(another rank died, or did not arrive within 3 s\)", text)
     check(rc not in (0, "hung") and named and not left,
-          f"torchrun, {note}: rank 0 fails naming the all-reduce and the 3 s timeout, torchrun "
+          f"torchrun, {note}: rank 0 fails naming the collective "
+          f"({named.group(1) if named else '?'}) and the 3 s timeout, torchrun "
           f"exits {rc} after {t:.1f} s, processes left: {left}" +
           ("" if named else "\n" + text[-3000:]))
 
