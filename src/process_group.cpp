@@ -391,6 +391,25 @@ std::string describe(int rank, int size, const std::string& where, Millis timeou
          " ms";
 }
 
+// Runs `step`. c10d's errors (and LibTorch 1.13's socket errors, which are
+// not c10::Errors) leave it with `context()` added; torchamp's own typed
+// errors (bad input, a backend this build lacks) pass as they are.
+template <class Step, class Context>
+auto with_context(const Step& step, const Context& context) -> decltype(step()) {
+  try {
+    return step();
+  } catch (const c10::ValueError&) {
+    throw;
+  } catch (const c10::NotImplementedError&) {
+    throw;
+  } catch (c10::Error& e) {
+    e.add_context(context());
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, e.what(), "\n", context());
+  }
+}
+
 }  // namespace
 
 std::chrono::milliseconds default_pg_timeout(const std::string& backend) {
@@ -429,37 +448,21 @@ c10::intrusive_ptr<c10d::ProcessGroup> init_process_group(const ProcessGroupOpti
   } else {
     const std::string method = options.init_method().value_or("env://");
     r.where = method;
-    try {
-      rendezvous(method, options.rank(), options.world_size(), timeout, r);
-    } catch (const c10::ValueError&) {
-      throw;
-    } catch (c10::Error& e) {
-      e.add_context(describe(r.rank, r.world_size, r.where, timeout) +
-                    ": the rendezvous failed (a peer that never arrived?)");
-      throw;
-    } catch (const std::exception& e) {  // LibTorch 1.13's socket errors are not c10::Errors
-      TORCH_CHECK(false, e.what(), "\n", describe(r.rank, r.world_size, r.where, timeout),
-                  ": the rendezvous failed (a peer that never arrived?)");
-    }
+    with_context([&] { rendezvous(method, options.rank(), options.world_size(), timeout, r); },
+                 [&] {
+                   return describe(r.rank, r.world_size, r.where, timeout) +
+                          ": the rendezvous failed (a peer that never arrived?)";
+                 });
   }
-  PG group;
-  try {
-    r.store->setTimeout(timeout);
-    auto store = c10::make_intrusive<c10d::PrefixStore>("default_pg", r.store);
-    group = form_group(store, "0", r.rank, r.world_size, options.backend(), timeout);
-    w.store = store;
-  } catch (const c10::ValueError&) {
-    throw;
-  } catch (const c10::NotImplementedError&) {
-    throw;
-  } catch (c10::Error& e) {
-    e.add_context(describe(r.rank, r.world_size, r.where, timeout) +
-                  ": forming the group failed (a peer that never arrived?)");
-    throw;
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, e.what(), "\n", describe(r.rank, r.world_size, r.where, timeout),
-                ": forming the group failed (a peer that never arrived?)");
-  }
+  r.store->setTimeout(timeout);
+  auto store = c10::make_intrusive<c10d::PrefixStore>("default_pg", r.store);
+  PG group = with_context(
+      [&] { return form_group(store, "0", r.rank, r.world_size, options.backend(), timeout); },
+      [&] {
+        return describe(r.rank, r.world_size, r.where, timeout) +
+               ": forming the group failed (a peer that never arrived?)";
+      });
+  w.store = store;
   w.group = group;
   w.backend = options.backend();
   w.timeout = timeout;
@@ -500,19 +503,13 @@ c10::intrusive_ptr<c10d::ProcessGroup> new_group(const NewGroupOptions& options)
     group_rank = static_cast<int>(it - ranks.begin());
     group_size = static_cast<int>(ranks.size());
   }
-  try {
-    return form_group(w.store, name, group_rank, group_size, backend, timeout);
-  } catch (const c10::ValueError&) {
-    throw;
-  } catch (c10::Error& e) {
-    e.add_context("torchamp::new_group: group " + name + ", rank " + std::to_string(group_rank) +
-                  " of " + std::to_string(group_size) + ", timeout " +
-                  std::to_string(timeout.count()) + " ms");
-    throw;
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, e.what(), "\ntorchamp::new_group: group ", name, ", rank ", group_rank,
-                " of ", group_size, ", timeout ", timeout.count(), " ms");
-  }
+  return with_context(
+      [&] { return form_group(w.store, name, group_rank, group_size, backend, timeout); },
+      [&] {
+        return "torchamp::new_group: group " + name + ", rank " + std::to_string(group_rank) +
+               " of " + std::to_string(group_size) + ", timeout " +
+               std::to_string(timeout.count()) + " ms";
+      });
 }
 
 bool is_initialized() {
