@@ -601,7 +601,6 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
     const bool out_has_run =
         !resume_given && !out_dir.empty() && fs::exists(run_dir / "config.txt");
     const bool resuming = resume_given || out_has_run;
-    Position position;
     if (resume_given) {
       // The run's own settings; an option given here must agree with them.
       const auto saved = folder.read_config();
@@ -622,9 +621,6 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
                   << " process(es) (world-size in its config.txt), this one on " << env.world
                   << ": resume with the same number\n";
         return 2;
-      }
-      if (fs::exists(folder.checkpoint())) {
-        position = read_position(folder.checkpoint());
       }
     }
     const bool mkl_pinned = config.deterministic && pin_mkl_to_one_thread();
@@ -666,9 +662,10 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
           return 2;
         }
       }
-      if (fs::exists(folder.checkpoint())) {
-        position = read_position(folder.checkpoint());
-      }
+    }
+    Position position;  // where a resumed run continues
+    if (resuming && fs::exists(folder.checkpoint())) {
+      position = read_position(folder.checkpoint());
     }
     if (resuming && position.mode_index >= static_cast<int64_t>(config.modes.size())) {
       if (env.rank == 0) {
