@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,7 +21,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -29,6 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using torchamp::ProcessGroupOptions;
+using torchamp_test::expect_throws;
 
 // Sets the launch variables for one test and puts back what was there.
 using Vars = std::map<std::string, std::optional<std::string>>;
@@ -71,26 +73,11 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
-// The message of the `Error` that `call` throws ("" and a failure if none).
-template <class Error>
-std::string message_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "another error: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
-
-std::string value_error(const ProcessGroupOptions& options) {
-  const std::string msg =
-      message_of<c10::ValueError>([&] { torchamp::init_process_group(options); });
-  EXPECT_FALSE(torchamp::is_initialized()) << msg;
-  return msg;
+// init_process_group(options) throws a c10::ValueError containing `needle`
+// and leaves no group formed.
+void expect_value_error(const ProcessGroupOptions& options, const std::string& needle) {
+  expect_throws<c10::ValueError>([&] { torchamp::init_process_group(options); }, needle);
+  EXPECT_FALSE(torchamp::is_initialized()) << needle;
 }
 
 const Vars kTorchrun = {{"RANK", "0"},
@@ -109,65 +96,48 @@ TEST(ProcessGroup, AMissingEmptyOrGarbledVariableIsAValueErrorNamingIt) {
   for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
     for (const std::optional<std::string>& value : {std::optional<std::string>(), {""}}) {
       Env env(torchrun_but(name, value));
-      const std::string msg = value_error({});
-      EXPECT_NE(msg.find(std::string("environment variable ") + name + " expected, but not set"),
-                std::string::npos)
-          << msg;
+      expect_value_error({},
+                         std::string("environment variable ") + name + " expected, but not set");
     }
   }
   for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_PORT"}) {
     Env env(torchrun_but(name, "1x"));
-    const std::string msg = value_error({});
-    EXPECT_NE(msg.find(std::string("environment variable ") + name + " is '1x', not an integer"),
-              std::string::npos)
-        << msg;
+    expect_value_error({},
+                       std::string("environment variable ") + name + " is '1x', not an integer");
   }
   Env env(torchrun_but("MASTER_PORT", "70000"));
-  EXPECT_NE(value_error({}).find("port must have value from 0 to 65535 but was 70000"),
-            std::string::npos);
+  expect_value_error({}, "port must have value from 0 to 65535 but was 70000");
 }
 
 TEST(ProcessGroup, ARankOutsideTheWorldIsAValueError) {
   Env env(torchrun_but("RANK", "2"));
-  EXPECT_NE(value_error({}).find("rank 2 is not in [0, world_size) for world_size 1"),
-            std::string::npos);
-  EXPECT_NE(
-      value_error(ProcessGroupOptions().rank(-3).world_size(2).init_method("tcp://127.0.0.1:29500"))
-          .find("rank -3 is not in [0, world_size) for world_size 2"),
-      std::string::npos);
-  EXPECT_NE(value_error(ProcessGroupOptions().init_method("file:///tmp/x?rank=0&world_size=0"))
-                .find("world_size is 0, not at least 1"),
-            std::string::npos);
+  expect_value_error({}, "rank 2 is not in [0, world_size) for world_size 1");
+  expect_value_error(
+      ProcessGroupOptions().rank(-3).world_size(2).init_method("tcp://127.0.0.1:29500"),
+      "rank -3 is not in [0, world_size) for world_size 2");
+  expect_value_error(ProcessGroupOptions().init_method("file:///tmp/x?rank=0&world_size=0"),
+                     "world_size is 0, not at least 1");
 }
 
 TEST(ProcessGroup, AnUnknownBackendOrInitMethodIsAValueError) {
   Env env(kTorchrun);
-  EXPECT_NE(value_error(ProcessGroupOptions().backend("mpi")).find("unknown backend 'mpi'"),
-            std::string::npos);
-  EXPECT_NE(value_error(ProcessGroupOptions().backend("cpu:gloo,tpu:gloo")).find("'tpu:gloo'"),
-            std::string::npos);
-  EXPECT_NE(value_error(ProcessGroupOptions().init_method("etcd://h:1"))
-                .find("No rendezvous handler for etcd://"),
-            std::string::npos);
-  EXPECT_NE(value_error(ProcessGroupOptions().init_method("localhost")).find("is not a URL"),
-            std::string::npos);
-  EXPECT_NE(value_error(ProcessGroupOptions().init_method("tcp://127.0.0.1?rank=0&world_size=1"))
-                .find("tcp:// rendezvous: port number missing"),
-            std::string::npos);
-  EXPECT_NE(value_error(ProcessGroupOptions().init_method("file:///tmp/x?world_size=1"))
-                .find("file:// rendezvous: rank parameter missing"),
-            std::string::npos);
-  EXPECT_NE(value_error(ProcessGroupOptions().timeout(std::chrono::milliseconds(0)))
-                .find("timeout is 0 ms, not positive"),
-            std::string::npos);
+  expect_value_error(ProcessGroupOptions().backend("mpi"), "unknown backend 'mpi'");
+  expect_value_error(ProcessGroupOptions().backend("cpu:gloo,tpu:gloo"), "'tpu:gloo'");
+  expect_value_error(ProcessGroupOptions().init_method("etcd://h:1"),
+                     "No rendezvous handler for etcd://");
+  expect_value_error(ProcessGroupOptions().init_method("localhost"), "is not a URL");
+  expect_value_error(ProcessGroupOptions().init_method("tcp://127.0.0.1?rank=0&world_size=1"),
+                     "tcp:// rendezvous: port number missing");
+  expect_value_error(ProcessGroupOptions().init_method("file:///tmp/x?world_size=1"),
+                     "file:// rendezvous: rank parameter missing");
+  expect_value_error(ProcessGroupOptions().timeout(std::chrono::milliseconds(0)),
+                     "timeout is 0 ms, not positive");
   const fs::path path =
       fs::path(::testing::TempDir()) / ("torchamp-pg-store-" + std::to_string(::getpid()));
   auto store = c10::make_intrusive<c10d::FileStore>(path.string(), 1);
-  EXPECT_NE(value_error(ProcessGroupOptions().store(store).init_method("env://"))
-                .find("Cannot specify both init_method and store."),
-            std::string::npos);
-  EXPECT_NE(value_error(ProcessGroupOptions().store(store)).find("rank (-1) and world_size (-1)"),
-            std::string::npos);
+  expect_value_error(ProcessGroupOptions().store(store).init_method("env://"),
+                     "Cannot specify both init_method and store.");
+  expect_value_error(ProcessGroupOptions().store(store), "rank (-1) and world_size (-1)");
   fs::remove(path);
 }
 
@@ -178,23 +148,22 @@ TEST(ProcessGroup, APeerThatNeverArrivesIsAnErrorWithinTheTimeout) {
   // Rank 0 of 2 serves and waits for rank 1; rank 1 of 2 finds no server.
   for (int rank : {0, 1}) {
     const auto start = std::chrono::steady_clock::now();
-    const std::string msg = message_of<c10::Error>([&] {
-      torchamp::init_process_group(ProcessGroupOptions()
-                                       .init_method("tcp://127.0.0.1:" + std::to_string(port))
-                                       .rank(rank)
-                                       .world_size(2)
-                                       .timeout(timeout));
-    });
+    expect_throws<c10::Error>(
+        [&] {
+          torchamp::init_process_group(ProcessGroupOptions()
+                                           .init_method("tcp://127.0.0.1:" + std::to_string(port))
+                                           .rank(rank)
+                                           .world_size(2)
+                                           .timeout(timeout));
+        },
+        "rank " + std::to_string(rank) + " of 2 at 127.0.0.1:" + std::to_string(port) +
+            ", timeout 1500 ms");
     const auto took = std::chrono::steady_clock::now() - start;
     EXPECT_FALSE(torchamp::is_initialized());
     EXPECT_LT(took, timeout + std::chrono::seconds(5)) << "rank " << rank;
     if (rank == 0) {  // the server waits the whole timeout for its client
       EXPECT_GE(took, timeout - std::chrono::milliseconds(100));
     }
-    EXPECT_NE(msg.find("rank " + std::to_string(rank) +
-                       " of 2 at 127.0.0.1:" + std::to_string(port) + ", timeout 1500 ms"),
-              std::string::npos)
-        << msg;
   }
 }
 
@@ -206,10 +175,8 @@ TEST(ProcessGroup, OneRankFormsAGroupAndNewGroupsAndASecondInitChangesNothing) {
   auto options =
       ProcessGroupOptions().init_method("file://" + store.string()).rank(0).world_size(1);
   EXPECT_FALSE(torchamp::is_initialized());
-  EXPECT_NE(message_of<c10::ValueError>([] {
-              torchamp::default_process_group();
-            }).find("has not been initialized"),
-            std::string::npos);
+  expect_throws<c10::ValueError>([] { torchamp::default_process_group(); },
+                                 "has not been initialized");
   auto group = torchamp::init_process_group(options);
   ASSERT_TRUE(group);
   EXPECT_TRUE(torchamp::is_initialized());
@@ -220,24 +187,22 @@ TEST(ProcessGroup, OneRankFormsAGroupAndNewGroupsAndASecondInitChangesNothing) {
   group->allreduce(t)->wait();
   EXPECT_EQ(t[0][0].item<double>(), 2.0);
 
-  EXPECT_NE(message_of<c10::ValueError>([&] {
-              torchamp::init_process_group(options);
-            }).find("initialize the default process group twice"),
-            std::string::npos);
+  expect_throws<c10::ValueError>([&] { torchamp::init_process_group(options); },
+                                 "initialize the default process group twice");
   EXPECT_EQ(torchamp::default_process_group().get(), group.get());
 
   auto all = torchamp::new_group();
   ASSERT_TRUE(all);
   all->allreduce(t)->wait();
   EXPECT_TRUE(torchamp::new_group(torchamp::NewGroupOptions().ranks({0})));
-  EXPECT_NE(message_of<c10::ValueError>([] {
-              torchamp::new_group(torchamp::NewGroupOptions().ranks({0, 1}));
-            }).find("rank 1 in ranks is not in [0, 1)"),
-            std::string::npos);
-  EXPECT_NE(message_of<c10::ValueError>([] {
-              torchamp::new_group(torchamp::NewGroupOptions().backend("foo"));
-            }).find("unknown backend 'foo'"),
-            std::string::npos);
+  expect_throws<c10::ValueError>(
+      [] {
+        torchamp::new_group(torchamp::NewGroupOptions().ranks({0, 1}));
+      },
+      "rank 1 in ranks is not in [0, 1)");
+  expect_throws<c10::ValueError>(
+      [] { torchamp::new_group(torchamp::NewGroupOptions().backend("foo")); },
+      "unknown backend 'foo'");
 
   torchamp::destroy_process_group();
   EXPECT_FALSE(torchamp::is_initialized());
@@ -253,11 +218,9 @@ TEST(ProcessGroup, ABadGlooSocketIfnameIsAValueErrorNamingIt) {
       fs::path(::testing::TempDir()) / ("torchamp-pg-ifname-" + std::to_string(::getpid()));
   fs::remove(store);
   Env env(Vars{{"GLOO_SOCKET_IFNAME", "lo,nosuch0"}});
-  const std::string msg = value_error(
-      ProcessGroupOptions().init_method("file://" + store.string()).rank(0).world_size(1));
-  EXPECT_NE(msg.find("GLOO_SOCKET_IFNAME is 'lo,nosuch0': no Gloo device for interface 'nosuch0'"),
-            std::string::npos)
-      << msg;
+  expect_value_error(
+      ProcessGroupOptions().init_method("file://" + store.string()).rank(0).world_size(1),
+      "GLOO_SOCKET_IFNAME is 'lo,nosuch0': no Gloo device for interface 'nosuch0'");
   fs::remove(store);
 }
 
