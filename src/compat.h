@@ -360,5 +360,22 @@ void set_group_name(ProcessGroup& group, const std::string& name) {
   }
 }
 
+/// Autograd nodes are owned by `std::shared_ptr` up to LibTorch 2.x's switch
+/// to `c10::intrusive_ptr` (2.13 has it); `NodePtr` is the pointer this
+/// LibTorch's `Edge::function` holds, and `make_node` makes a `T` owned the
+/// same way.
+template <class P>
+struct is_shared_ptr : std::false_type {};
+template <class T>
+struct is_shared_ptr<std::shared_ptr<T>> : std::true_type {};
+template <class T, class NodePtr, class... Args>
+auto make_node(Args&&... args) {
+  if constexpr (is_shared_ptr<NodePtr>::value) {
+    return std::make_shared<T>(std::forward<Args>(args)...);
+  } else {
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
+  }
+}
+
 }  // namespace compat
 }  // namespace torchamp

@@ -147,6 +147,33 @@ TEST_P(DataParallel, GradScalerSkipsTogetherAndKeepsTheOneProcessScales) {
   expect_near(params(out), params(local), 1e-2);
 }
 
+// Checkpointed segments (torchamp::checkpoint_sequential; the first on the
+// plain input, whose parameters still get gradients) train to the same bits
+// as the model without checkpointing: plain DDP, with find_unused_parameters,
+// under no_sync, and the
+// scaler stepping and skipping under bfloat16/float16 autocast.
+TEST(DataParallelCheckpoint, CheckpointedSegmentsTrainToTheSameParameters) {
+  const auto plain = agreed("ddp-train", 2);
+  const auto ckpt = agreed("ddp-train-checkpoint", 2);
+  ASSERT_FALSE(params(plain).empty());
+  EXPECT_EQ(starting(ckpt, "param "), starting(plain, "param "));
+  EXPECT_EQ(starting(ckpt, "bucket"), starting(plain, "bucket"));  // the same arrival order
+  // find_unused_parameters walks the graph from the outputs and finds the
+  // checkpointed parameters through the segments' nodes (Python's reentrant
+  // form hides them, and DDP then fails marking them ready twice). (Buckets
+  // are not rebuilt with find_unused_parameters, as in Python.)
+  EXPECT_EQ(starting(agreed("ddp-train-checkpoint-unused", 2), "param "),
+            starting(plain, "param "));
+  const auto no_sync = run_ranks("ddp-no-sync", 2),
+             no_sync_ckpt = run_ranks("ddp-no-sync-checkpoint", 2);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(no_sync_ckpt[r], no_sync[r]) << "rank " << r;
+  }
+  const auto amp = agreed("ddp-amp", 2);
+  EXPECT_EQ(agreed("ddp-amp-checkpoint", 2), amp);
+  EXPECT_EQ(starting(amp, "step 2 stepped 0").size(), 1u);  // the overflow's step is skipped
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 3));
 
 // Bad arguments: typed errors that name the value; nothing changes.

@@ -5,6 +5,7 @@
 /// LibTorch C++ frontend.
 
 #include <torchamp/autocast.h>
+#include <torchamp/checkpoint.h>
 #if defined(TORCHAMP_WITH_DISTRIBUTED)
 #include <torchamp/data_parallel.h>
 #include <torchamp/distributed.h>

@@ -21,9 +21,15 @@
 //   ddp-amp, ddp-amp-local      GradScaler, float16 autocast (bfloat16 where
 //            CPU autocast has no float16), summed gradients with the loss
 //            weighted by the slice's share; an overflow in rank 1's slice
+//   ddp-train-checkpoint, ddp-no-sync-checkpoint, ddp-amp-checkpoint  the same
+//            with the model's first two modules checkpointed
+//            (torchamp::checkpoint_sequential, 3 segments; the first on the
+//            plain input); ddp-train-checkpoint-unused with
+//            find_unused_parameters
 //   ddp-errors                  bad arguments (1 rank)
 //   ddp-exit                    rank 1 exits in the middle of backward
 // Every line of the output file is one observation; the test compares them.
+#include <torchamp/checkpoint.h>
 #include <torchamp/data_parallel.h>
 #include <torchamp/torchamp.h>
 
@@ -108,6 +114,11 @@ inline std::string first_line(const c10::Error& e) {
   return msg.substr(0, msg.find('\n'));
 }
 
+// The model's forward, checkpointed or not (the -checkpoint scenarios).
+inline torch::Tensor forward(torch::nn::Sequential& model, const torch::Tensor& x, bool ckpt) {
+  return ckpt ? torchamp::checkpoint_sequential(model, 3, x) : model->forward(x);
+}
+
 // The DDP of a scenario's rank; none for its one-process reference.
 inline std::unique_ptr<torchamp::DistributedDataParallel> wrap(
     bool local, torch::nn::Sequential& model, const GroupFactory& make_group,
@@ -119,18 +130,20 @@ inline std::unique_ptr<torchamp::DistributedDataParallel> wrap(
 }
 
 // ddp-train, ddp-train-view, ddp-local.
-inline int train(bool local, bool view, int rank, int world, const GroupFactory& make_group,
-                 std::ofstream& out) {
+inline int train(bool local, bool view, bool ckpt, bool find_unused, int rank, int world,
+                 const GroupFactory& make_group, std::ofstream& out) {
   auto model = make_model();
   auto opt = make_sgd(model);
   const auto ddp = wrap(local, model, make_group,
                         torchamp::DistributedDataParallelOptions()
                             .bucket_cap_mb(1.0 / 1024)
-                            .gradient_as_bucket_view(view));
+                            .gradient_as_bucket_view(view)
+                            .find_unused_parameters(find_unused));
   for (int step = 0; step < 5; ++step) {
     const auto [x, y] = batch(step, local ? 0 : rank, local ? 1 : world);
     grads_to_none(*model);
-    const auto out_t = ddp ? ddp->forward([&] { return model->forward(x); }) : model->forward(x);
+    const auto out_t = ddp ? ddp->forward([&, x = x] { return forward(model, x, ckpt); })
+                           : forward(model, x, ckpt);
     torch::mse_loss(out_t, y).backward();
     opt->step();
   }
@@ -155,14 +168,15 @@ inline int train(bool local, bool view, int rank, int world, const GroupFactory&
 }
 
 // ddp-no-sync, ddp-no-sync-local: gradients of three micro-batches summed.
-inline int no_sync(bool local, int rank, int world, const GroupFactory& make_group,
+inline int no_sync(bool local, bool ckpt, int rank, int world, const GroupFactory& make_group,
                    std::ofstream& out) {
   auto model = make_model();
   torch::optim::SGD opt(model->parameters(), 0.1);
   const auto ddp = wrap(local, model, make_group, {});
   auto micro = [&](int k) {
     const auto [x, y] = batch(k, local ? 0 : rank, local ? 1 : world);
-    const auto o = ddp ? ddp->forward([&] { return model->forward(x); }) : model->forward(x);
+    const auto o = ddp ? ddp->forward([&, x = x] { return forward(model, x, ckpt); })
+                       : forward(model, x, ckpt);
     torch::mse_loss(o, y).backward();
   };
   char buf[96];
@@ -297,7 +311,7 @@ inline int buffers(bool broadcast, int rank, int world, const GroupFactory& make
 // ddp-amp, ddp-amp-local: the scaler over summed gradients, each rank's loss
 // weighted by its share; step 2's and step 5's batches hold an overflow in the
 // sample that is rank 1's (on one process: the same sample).
-inline int amp(bool local, int rank, int world, const GroupFactory& make_group,
+inline int amp(bool local, bool ckpt, int rank, int world, const GroupFactory& make_group,
                std::ofstream& out) {
   auto model = make_model();
   auto opt = make_sgd(model);
@@ -320,7 +334,8 @@ inline int amp(bool local, int rank, int world, const GroupFactory& make_group,
     torch::Tensor loss;
     {
       torchamp::autocast guard(torch::kCPU, dtype);
-      const auto o = ddp ? ddp->forward([&] { return model->forward(xs); }) : model->forward(xs);
+      const auto o =
+          ddp ? ddp->forward([&] { return forward(model, xs, ckpt); }) : forward(model, xs, ckpt);
       loss = torch::mse_loss(o.to(torch::kFloat), ys);
     }
     const double share = static_cast<double>(per) / kGlobalBatch;
@@ -376,12 +391,16 @@ inline int exit_mid_backward(int rank, int world, const GroupFactory& make_group
 /// Runs a DDP scenario; -1 where `scenario` is not one.
 inline int run(const std::string& scenario, int rank, int world, const GroupFactory& make_group,
                std::ofstream& out) {
-  if (scenario == "ddp-train" || scenario == "ddp-train-view" || scenario == "ddp-local") {
-    return train(scenario == "ddp-local", scenario == "ddp-train-view", rank, world, make_group,
-                 out);
+  if (scenario == "ddp-train" || scenario == "ddp-train-view" || scenario == "ddp-local" ||
+      scenario.rfind("ddp-train-checkpoint", 0) == 0) {
+    return train(scenario == "ddp-local", scenario == "ddp-train-view",
+                 scenario.rfind("ddp-train-checkpoint", 0) == 0,
+                 scenario == "ddp-train-checkpoint-unused", rank, world, make_group, out);
   }
-  if (scenario == "ddp-no-sync" || scenario == "ddp-no-sync-local") {
-    return no_sync(scenario == "ddp-no-sync-local", rank, world, make_group, out);
+  if (scenario == "ddp-no-sync" || scenario == "ddp-no-sync-local" ||
+      scenario == "ddp-no-sync-checkpoint") {
+    return no_sync(scenario == "ddp-no-sync-local", scenario == "ddp-no-sync-checkpoint", rank,
+                   world, make_group, out);
   }
   if (scenario == "ddp-unused" || scenario == "ddp-unused-missing") {
     return unused(scenario == "ddp-unused", rank, world, make_group, out);
@@ -389,8 +408,9 @@ inline int run(const std::string& scenario, int rank, int world, const GroupFact
   if (scenario == "ddp-buffers" || scenario == "ddp-buffers-off") {
     return buffers(scenario == "ddp-buffers", rank, world, make_group, out);
   }
-  if (scenario == "ddp-amp" || scenario == "ddp-amp-local") {
-    return amp(scenario == "ddp-amp-local", rank, world, make_group, out);
+  if (scenario == "ddp-amp" || scenario == "ddp-amp-local" || scenario == "ddp-amp-checkpoint") {
+    return amp(scenario == "ddp-amp-local", scenario == "ddp-amp-checkpoint", rank, world,
+               make_group, out);
   }
   if (scenario == "ddp-errors") {
     return errors(make_group, out);
