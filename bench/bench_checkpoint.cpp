@@ -59,8 +59,8 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, long> opt{{"layers", 16}, {"width", 512},  {"batch", 4096},
-                                  {"segments", 4}, {"rounds", 5}, {"threads", 1}};
+  std::map<std::string, long> opt{{"layers", 16},  {"width", 512}, {"batch", 4096},
+                                  {"segments", 4}, {"rounds", 5},  {"threads", 1}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = std::string(argv[i]).substr(2);
     if (std::string(argv[i]).rfind("--", 0) != 0 || opt.count(key) == 0) {
@@ -91,7 +91,11 @@ int main(int argc, char** argv) {
       out = mode == "plain" ? model->forward(x)
                             : torchamp::checkpoint_sequential(model, opt["segments"], x);
     }
-    out.to(torch::kFloat).pow(2).mean().backward();
+    // (In statements of their own, as in Python, whose temporaries die at
+    // once: a C++ temporary lives to the end of its full expression, here
+    // through backward.)
+    const auto loss = out.to(torch::kFloat).pow(2).mean();
+    loss.backward();
   };
   for (const auto& mode : modes) {
     step(mode);  // warm-up

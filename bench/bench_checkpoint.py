@@ -97,6 +97,9 @@ def main():
     cpp = parse(subprocess.run(cpp_args, env=env, check=True, capture_output=True, text=True).stdout)
     py = parse(subprocess.run([sys.executable, __file__, "--python-worker"] + common, env=env,
                               check=True, capture_output=True, text=True).stdout)
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch
 
     print(f"deep MLP {SHAPE['layers']} x Linear({SHAPE['width']}) + GELU, batch {SHAPE['batch']}, "

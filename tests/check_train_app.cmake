@@ -97,6 +97,20 @@ if(NOT rc EQUAL 2 OR NOT "${out}${err}" MATCHES "optimizer")
   message(FATAL_ERROR "--optimizer lamb: expected exit 2 naming the option, got ${rc}:\n${out}${err}")
 endif()
 
+# --checkpoint-layers (torchamp::checkpoint around each hidden layer): the
+# same numbers, byte for byte, per-layer gradient statistics included.
+execute_process(COMMAND "${APP}" --epochs 1 --batch-size 64 --modes fp32,fp16,fp16+scaler
+                        --checkpoint-layers --out "${WORK}/checkpointed"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "hidden layers checkpointed")
+  message(FATAL_ERROR "torchamp-train --checkpoint-layers failed (${rc}):\n${out}\n${err}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files "${WORK}/run/metrics.csv"
+                        "${WORK}/checkpointed/metrics.csv" RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "--checkpoint-layers changed the metrics")
+endif()
+
 # Deterministic for a given seed, with the default thread count: ten more
 # runs write the same CSV, byte for byte. (MKL's multi-threaded SGEMM, which
 # the wheels' LibTorch runs float32 matmuls on, differs in the last bits from

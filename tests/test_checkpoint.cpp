@@ -265,6 +265,24 @@ TEST(Checkpoint, AParameterInSeveralSegments) {
     grads.push_back(grads_of(*model));
   }
   expect_bitwise(grads[1], grads[0], "shared");
+  // Under autocast with the cast cache, the second segment's forward finds
+  // the first one's cast of the weight in the cache, and its recomputation
+  // casts again: the same gradients up to where the float32 sum happens
+  // (docs/activation-checkpointing.md).
+  std::vector<std::vector<torch::Tensor>> amp;
+  for (const int64_t segments : {0, 5}) {
+    model->zero_grad();
+    torch::Tensor out;
+    {
+      torchamp::autocast guard(torch::kCPU, torch::kBFloat16);
+      out = segments ? torchamp::checkpoint_sequential(model, segments, x) : model->forward(x);
+    }
+    out.to(torch::kFloat).pow(2).sum().backward();
+    amp.push_back(grads_of(*model));
+  }
+  for (size_t i = 0; i < amp[0].size(); ++i) {
+    EXPECT_TRUE(amp[1][i].allclose(amp[0][i], 1e-2, 1e-3)) << "parameter " << i;
+  }
 }
 
 TEST(Checkpoint, RetainGraphBackwardTwice) {

@@ -2,6 +2,7 @@
 // message that names the culprit, and nothing changed. ErrorsTable.DocMatches
 // keeps docs/errors.md and this table identical.
 #include <torchamp/autocast.h>
+#include <torchamp/checkpoint.h>
 #include <torchamp/grad_scaler.h>
 #include <torchamp/paddle.h>
 #if defined(TORCHAMP_WITH_DISTRIBUTED)
@@ -25,7 +26,7 @@ using torchamp::GradScalerOptions;
 using torchamp::StateDict;
 namespace paddle = torchamp::paddle;
 
-enum class Err { kRuntime, kValue, kNotImplemented };
+enum class Err { kRuntime, kValue, kNotImplemented, kType };
 
 // Two scalers with non-default values and some history, an optimizer with two
 // parameters holding gradients.
@@ -573,6 +574,39 @@ const std::vector<Row>& rows() {
          (void)f;
          f.core.clip_grad_norm_(*f.opt, 1.0);
        }},
+      {"E70", Err::kType, "torchamp::checkpoint: the function is empty",
+       [](Fixture& f) { (void)f; },
+       [](Fixture& f) {
+         torchamp::checkpoint(torchamp::CheckpointFunction(), std::vector<torch::Tensor>{f.a});
+       }},
+      {"E71", Err::kValue,
+       "torchamp::checkpoint: determinism_check must be \"default\" or \"none\", got \"all\"",
+       [](Fixture& f) { (void)f; },
+       [](Fixture& f) {
+         torchamp::checkpoint([](const torch::Tensor& t) { return t * 2; }, f.a,
+                              torchamp::CheckpointOptions().determinism_check("all"));
+       }},
+      {"E72", Err::kType, "torchamp::checkpoint_sequential: the Sequential holder is empty",
+       [](Fixture& f) { (void)f; },
+       [](Fixture& f) { torchamp::checkpoint_sequential(torch::nn::Sequential(nullptr), 1, f.a); }},
+      {"E73", Err::kValue, "torchamp::checkpoint_sequential: segments must be at least 1, got 0",
+       [](Fixture& f) { (void)f; },
+       [](Fixture& f) {
+         torchamp::checkpoint_sequential(torch::nn::Sequential(torch::nn::Tanh()), 0, f.a);
+       }},
+      {"E74", Err::kValue,
+       "torchamp::checkpoint_sequential: 3 segments for a Sequential of 2 modules",
+       [](Fixture& f) { (void)f; },
+       [](Fixture& f) {
+         torchamp::checkpoint_sequential(
+             torch::nn::Sequential(torch::nn::Tanh(), torch::nn::ReLU()), 3, f.a);
+       }},
+      {"E75", Err::kNotImplemented, "pass that tensor as an input instead of capturing it",
+       [](Fixture& f) { (void)f; },
+       [](Fixture& f) {
+         const auto twice = f.b * 2;  // a non-leaf whose history reaches b, used too
+         torchamp::checkpoint([&](const torch::Tensor& t) { return t * twice + f.b; }, f.a);
+       }},
   };
   return table;
 }
@@ -596,6 +630,10 @@ TEST_P(ErrorsTable, TypedNamedAndNothingChanged) {
   } catch (const c10::NotImplementedError& e) {
     threw = true;
     got = Err::kNotImplemented;
+    message = e.what_without_backtrace();
+  } catch (const c10::TypeError& e) {
+    threw = true;
+    got = Err::kType;
     message = e.what_without_backtrace();
   } catch (const c10::Error& e) {
     threw = true;
@@ -632,7 +670,8 @@ TEST(ErrorsDoc, MatchesTheTestTable) {
     auto unquote = [](const std::string& c) { return c.substr(1, c.size() - 2); };
     documented[cells[0].substr(1)] = {cells[3], unquote(cells[4])};
   }
-  const char* names[] = {"c10::Error", "c10::ValueError", "c10::NotImplementedError"};
+  const char* names[] = {"c10::Error", "c10::ValueError", "c10::NotImplementedError",
+                         "c10::TypeError"};
   ASSERT_EQ(documented.size(), rows().size());
   for (const Row& row : rows()) {
     ASSERT_TRUE(documented.count(row.id)) << row.id << " is not in docs/errors.md";

@@ -496,6 +496,10 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
   app.add_flag("--fused", config.fused,
                "torchamp::optim's fused optimizer (the scaler unscales inside its update) "
                "instead of LibTorch's");
+  app.add_flag("--checkpoint-layers", config.checkpoint_layers,
+               "Activation checkpointing: keep each hidden layer's input instead of its "
+               "activations and recompute them in backward (torchamp::checkpoint); the same "
+               "numbers bit for bit, less memory, more time");
   app.add_option("--modes", config.modes, "Modes to run, comma-separated")
       ->delimiter(',')
       ->check(CLI::IsMember(known_modes()))
@@ -727,7 +731,9 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
                 << "); " << train.x.size(0) << " training and " << test.x.size(0)
                 << " test images from " << config.data << "; " << config.epochs << " epochs, batch "
                 << config.batch_size << ", " << (config.fused ? "torchamp's fused " : "LibTorch's ")
-                << config.optimizer << ", lr " << config.lr << ", seed " << config.seed << "; "
+                << config.optimizer
+                << (config.checkpoint_layers ? ", hidden layers checkpointed" : "") << ", lr "
+                << config.lr << ", seed " << config.seed << "; "
                 << (continuing ? "resuming" : "output") << " in " << folder.path("").string()
                 << "\n";
       if (parallel.distributed()) {

@@ -1,6 +1,7 @@
 #include "train.h"
 
 #include <torchamp/autocast.h>
+#include <torchamp/checkpoint.h>
 #if TORCHAMP_WITH_DISTRIBUTED
 #include <torchamp/data_parallel.h>
 #include <torchamp/distributed.h>
@@ -69,25 +70,32 @@ struct Net : torch::nn::Module {
 
   // `storage`: the dtype activations round-trip through (float32: none).
   // `stats`: when given, one per activation, each measures its activation's
-  // gradient on the way back.
-  at::Tensor forward(at::Tensor x, at::ScalarType storage, std::vector<Underflow>* stats) {
-    size_t index = 0;
-    auto store = [&](at::Tensor a) {
-      if (storage != at::kFloat) {
-        a = a.to(storage).to(at::kFloat);
-      }
-      if (stats != nullptr && a.requires_grad()) {
-        Underflow* s = &(*stats)[index];
-        a.register_hook([s](const at::Tensor& g) { s->add(g); });
-      }
-      ++index;
-      return a;
-    };
-    for (auto& layer : layers) {
-      x = linear(layer, x, storage);
-      x = store(sigmoid ? torch::sigmoid(x) : torch::tanh(x));
+  // gradient on the way back. `checkpoint`: each hidden layer (its Linear
+  // and activation) through torchamp::checkpoint, recomputed in backward;
+  // the same numbers.
+  at::Tensor forward(at::Tensor x, at::ScalarType storage, std::vector<Underflow>* stats,
+                     bool checkpoint = false) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const auto hidden = [this, i, storage, stats](const at::Tensor& h) {
+        const at::Tensor z = linear(layers[i], h, storage);
+        return store(sigmoid ? torch::sigmoid(z) : torch::tanh(z), storage, stats, i);
+      };
+      x = checkpoint ? torchamp::checkpoint(hidden, x) : hidden(x);
     }
-    return store(linear(out, x, storage));
+    return store(linear(out, x, storage), storage, stats, layers.size());
+  }
+
+  // Activation `index`, rounded through `storage`, its gradient measured.
+  static at::Tensor store(at::Tensor a, at::ScalarType storage, std::vector<Underflow>* stats,
+                          size_t index) {
+    if (storage != at::kFloat) {
+      a = a.to(storage).to(at::kFloat);
+    }
+    if (stats != nullptr && a.requires_grad()) {
+      Underflow* s = &(*stats)[index];
+      a.register_hook([s](const at::Tensor& g) { s->add(g); });
+    }
+    return a;
   }
 
   // With a float16 `storage`, what float16 autocast does to a Linear's
@@ -326,6 +334,7 @@ std::map<std::string, std::string> Config::to_map() const {
           {"growth-interval", std::to_string(growth_interval)},
           {"optimizer", optimizer},
           {"fused", fused ? "1" : "0"},
+          {"checkpoint-layers", checkpoint_layers ? "1" : "0"},
           {"modes", joined},
           {"data", data},
           {"parallel", parallel},
@@ -351,6 +360,10 @@ Config Config::from_map(const std::map<std::string, std::string>& kv) {
   c.growth_interval = std::stoll(get("growth-interval"));
   c.optimizer = get("optimizer");
   c.fused = get("fused") == "1";
+  // Absent from the config.txt of runs before --checkpoint-layers.
+  if (const auto it = kv.find("checkpoint-layers"); it != kv.end()) {
+    c.checkpoint_layers = it->second == "1";
+  }
   std::stringstream modes(get("modes"));
   for (std::string m; std::getline(modes, m, ',');) {
     c.modes.push_back(m);
@@ -728,7 +741,7 @@ ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& 
       torchamp::autocast guard(
           device, fp16_autocast ? std::optional<at::ScalarType>(torch::kHalf) : std::nullopt,
           /*enabled=*/autocast_bf16 || fp16_autocast || cuda);
-      auto forward = [&] { return net->forward(x, storage, &stats); };
+      auto forward = [&] { return net->forward(x, storage, &stats, config.checkpoint_layers); };
 #if TORCHAMP_WITH_DISTRIBUTED
       const at::Tensor logits = ddp ? ddp->forward(forward) : forward();
 #else

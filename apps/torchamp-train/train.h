@@ -44,9 +44,10 @@ struct Config {
   double lr = 0;
   uint64_t seed = 0;
   double init_scale = 65536.0;
-  int64_t growth_interval = 50;  // short, so the sawtooth shows in a short run
-  std::string optimizer;         // "sgd" (momentum 0.9), "adam" or "adamw" (weight decay 1e-4)
-  bool fused = false;            // torchamp::optim's fused optimizer instead of LibTorch's
+  int64_t growth_interval = 50;    // short, so the sawtooth shows in a short run
+  std::string optimizer;           // "sgd" (momentum 0.9), "adam" or "adamw" (weight decay 1e-4)
+  bool fused = false;              // torchamp::optim's fused optimizer instead of LibTorch's
+  bool checkpoint_layers = false;  // recompute each hidden layer in backward (torchamp::checkpoint)
   std::vector<std::string> modes;
   std::string data;
   std::string parallel = "none";  // "data" or "sharded" on more than one process
