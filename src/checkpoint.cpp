@@ -32,6 +32,7 @@
 #include <ATen/SequenceNumber.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/engine.h>
@@ -190,9 +191,10 @@ bool is_leaf_cast(const Node& n) {
 }
 
 // The edges out of the graph `outputs` were computed by since `seq_start`:
-// those into nodes that existed before (this thread numbers the nodes it
+// those into nodes that existed before (each thread numbers the nodes it
 // creates; gradient accumulators have no number), in the order met.
 edge_list boundary(const std::vector<at::Tensor>& outputs, uint64_t seq_start) {
+  const uint64_t thread = at::RecordFunction::currentThreadId();
   edge_list found;
   std::set<EdgeKey> found_keys;
   std::unordered_set<const Node*> seen;
@@ -202,7 +204,10 @@ edge_list boundary(const std::vector<at::Tensor>& outputs, uint64_t seq_start) {
       return;
     }
     const uint64_t nr = e.function->sequence_nr();
-    const bool inside = (nr >= seq_start && nr != std::numeric_limits<uint64_t>::max()) ||
+    // Sequence numbers count per thread (backward on CUDA recomputes on the
+    // device's thread): a node is the call's if this thread made it.
+    const bool inside = (nr >= seq_start && nr != std::numeric_limits<uint64_t>::max() &&
+                         e.function->thread_id() == thread) ||
                         (nr != std::numeric_limits<uint64_t>::max() && is_leaf_cast(*e.function));
     if (inside) {
       if (seen.insert(e.function.get()).second) {
@@ -303,22 +308,26 @@ struct OutputMeta {
 
 class CheckpointBackward : public Node {
  public:
+  // `inputs`: the forward's detached copies (leaves, requiring grad where
+  // the caller's did, sharing their version counters), so that the node
+  // holds no input's history: `x += checkpoint(f, x)` would otherwise make
+  // a cycle through it. `versions`: the inputs' before the forward.
   CheckpointBackward(CheckpointFunction function, std::vector<at::Tensor> inputs,
-                     AutocastState autocast, std::optional<RngState> rng, bool check_metadata)
+                     std::vector<uint32_t> versions, AutocastState autocast,
+                     std::optional<RngState> rng, bool check_metadata)
       : function_(std::move(function)),
         inputs_(std::move(inputs)),
+        versions_(std::move(versions)),
         autocast_(autocast),
         rng_(std::move(rng)),
-        check_metadata_(check_metadata) {
-    for (const auto& t : inputs_) {
-      versions_.push_back(t.defined() ? t._version() : 0);
-    }
-  }
+        check_metadata_(check_metadata) {}
 
   std::string name() const override { return "torchamp::CheckpointBackward"; }
 
   void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
     inputs_.clear();
+    function_ = nullptr;  // and what it captured
     released_ = true;
   }
 
@@ -328,6 +337,8 @@ class CheckpointBackward : public Node {
   std::vector<OutputMeta> outputs_;  // the outputs that hang off this node
 
   variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(
+        mutex_);  // as generated nodes: a retained graph, two backwards
     TORCH_CHECK(!released_,
                 "torchamp::checkpoint: trying to backward through the graph a second time (or "
                 "directly access saved tensors after they have already been freed); specify "
@@ -404,6 +415,17 @@ class CheckpointBackward : public Node {
     if (roots.empty()) {
       return variable_list(num_outputs());
     }
+    // The engine runs a captured node's tensor hooks (a parameter's
+    // register_hook, retain_grad) as it captures; the outer backward runs
+    // them when it reaches the node. Aside meanwhile, so they run once.
+    std::vector<compat::TensorHooksAside<Node>> aside;
+    aside.reserve(captures.size());
+    std::unordered_set<const Node*> set_aside;
+    for (const auto& e : captures) {
+      if (set_aside.insert(e.function.get()).second) {
+        aside.emplace_back(*e.function);
+      }
+    }
     return torch::autograd::Engine::get_default_engine().execute(
         roots, root_grads, /*keep_graph=*/false, /*create_graph=*/false,
         /*accumulate_grad=*/false, captures);
@@ -444,9 +466,32 @@ std::vector<at::Tensor> detail::checkpoint(const CheckpointFunction& function,
     rng = capture_rng(cuda_devices(inputs));
   }
 
+  std::vector<uint32_t> versions;
+  for (const auto& t : inputs) {
+    versions.push_back(t.defined() ? t._version() : 0);
+  }
   const auto detached = detach_inputs(inputs);
   const uint64_t seq_start = at::sequence_number::peek();
   auto outs = function(detached);
+  for (const auto i : c10::irange(inputs.size())) {
+    TORCH_CHECK(!inputs[i].defined() || inputs[i]._version() == versions[i],
+                "torchamp::checkpoint: the function modified its input ", i,
+                " in place; its recomputation would start from the modified values (clone it "
+                "inside the function first)");
+  }
+  // Outputs that share memory: the caller's in-place change of one would not
+  // reach the other's gradient (they hang off the node separately, not as
+  // views of each other). Refused rather than wrong.
+  for (const auto i : c10::irange(outs.size())) {
+    for (size_t j = i + 1; j < outs.size(); ++j) {
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          !(outs[i].defined() && outs[j].defined() && outs[i].requires_grad() &&
+            outs[j].requires_grad() && outs[i].is_alias_of(outs[j])),
+          "torchamp::checkpoint: outputs ", i, " and ", j,
+          " share memory (one is a view of the other or both of one tensor); return one of "
+          "them, or a clone");
+    }
+  }
   const auto edges = boundary(outs, seq_start);
   if (edges.empty()) {
     return outs;  // nothing in it requires grad
@@ -471,8 +516,8 @@ std::vector<at::Tensor> detail::checkpoint(const CheckpointFunction& function,
   }
 
   using NodePtr = decltype(Edge::function);
-  auto node = compat::make_node<CheckpointBackward, NodePtr>(function, inputs, autocast_state,
-                                                             std::move(rng), check);
+  auto node = compat::make_node<CheckpointBackward, NodePtr>(
+      function, detached, std::move(versions), autocast_state, std::move(rng), check);
   node->edge_input_ = std::move(edge_input);
   node->set_next_edges(std::move(next_edges));
   for (const auto j : c10::irange(outs.size())) {

@@ -377,5 +377,51 @@ auto make_node(Args&&... args) {
   }
 }
 
+/// LibTorch 2.0 keeps a tensor's hooks on its node (`tensor_pre_hooks()`,
+/// `retains_grad_hooks()`), and its engine runs them also where
+/// `torch::autograd::grad` captures a gradient at that node; 1.13's capture
+/// runs none. While one lives, a node's tensor hooks are set aside.
+template <class NodeT>
+class TensorHooksAside {
+ public:
+  explicit TensorHooksAside(NodeT& node) : node_(&node) {
+#if TORCHAMP_TORCH_AT_LEAST(2, 0)
+    std::swap(pre_, node.tensor_pre_hooks());
+    std::swap(retains_, node.retains_grad_hooks());
+#endif
+  }
+  ~TensorHooksAside() {
+#if TORCHAMP_TORCH_AT_LEAST(2, 0)
+    if (node_ != nullptr) {
+      std::swap(pre_, node_->tensor_pre_hooks());
+      std::swap(retains_, node_->retains_grad_hooks());
+    }
+#endif
+  }
+  TensorHooksAside(TensorHooksAside&& o) noexcept
+      : node_(o.node_), pre_(std::move(o.pre_)), retains_(std::move(o.retains_)) {
+    o.node_ = nullptr;
+  }
+  TensorHooksAside(const TensorHooksAside&) = delete;
+  TensorHooksAside& operator=(const TensorHooksAside&) = delete;
+  TensorHooksAside& operator=(TensorHooksAside&&) = delete;
+
+ private:
+  template <class T, class = void>
+  struct Hooks {
+    struct None {};
+    using pre = None;
+    using retains = None;
+  };
+  template <class T>
+  struct Hooks<T, std::void_t<decltype(std::declval<T&>().tensor_pre_hooks())>> {
+    using pre = std::decay_t<decltype(std::declval<T&>().tensor_pre_hooks())>;
+    using retains = std::decay_t<decltype(std::declval<T&>().retains_grad_hooks())>;
+  };
+  NodeT* node_;
+  typename Hooks<NodeT>::pre pre_;
+  typename Hooks<NodeT>::retains retains_;
+};
+
 }  // namespace compat
 }  // namespace torchamp

@@ -315,11 +315,56 @@ TEST(Checkpoint, UnsupportedUsesAreNotImplementedErrors) {
   expect_throws<c10::NotImplementedError>(
       [&] { torchamp::checkpoint([&](const torch::Tensor& a) { return a * w2 + w; }, x); },
       "pass that tensor as an input");
+  // Outputs that share memory, and a function that changes its input in
+  // place, would give wrong gradients silently: refused.
+  expect_throws<c10::NotImplementedError>(
+      [&] {
+        torchamp::checkpoint(
+            [&](const torch::Tensor& a) {
+              const auto h = lin(a);
+              return std::make_tuple(h, h[0]);
+            },
+            x);
+      },
+      "outputs 0 and 1 share memory");
+  auto z = torch::randn({3, 4});
+  expect_throws<c10::Error>(
+      [&] { torchamp::checkpoint([&](const torch::Tensor& a) { return lin(a.mul_(2)); }, z); },
+      "modified its input 0 in place");
   // As an input it works.
   const auto out = torchamp::checkpoint(
       [&](const torch::Tensor& a, const torch::Tensor& b) { return a * b + w; }, x, w2);
   out.sum().backward();
   EXPECT_TRUE(w.grad().allclose(x.detach().sum(0) * 2 + 3));
+}
+
+// A hook on a parameter and retain_grad on a captured tensor run once, as
+// without checkpointing (LibTorch 2.x's engine also runs a node's tensor
+// hooks where torch::autograd::grad captures at it).
+TEST(Checkpoint, TensorHooksRunOnce) {
+  torch::manual_seed(8);
+  torch::nn::Linear lin(4, 4);
+  const auto x = torch::randn({3, 4});
+  const auto shift = torch::randn({4}, torch::requires_grad());
+  std::vector<torch::Tensor> g;
+  for (const bool ckpt : {false, true}) {
+    lin->zero_grad();
+    int calls = 0;
+    auto handle = lin->weight.register_hook([&](const torch::Tensor& grad) {
+      ++calls;
+      return grad * 2;
+    });
+    auto captured = shift * 3;
+    captured.retain_grad();
+    const auto fn = [&](const torch::Tensor& a) { return (lin(a) + captured).tanh(); };
+    (ckpt ? torchamp::checkpoint(fn, x) : fn(x)).sum().backward();
+    lin->weight.remove_hook(handle);
+    EXPECT_EQ(calls, 1) << "checkpointed " << ckpt;
+    g.push_back(lin->weight.grad().clone());
+    g.push_back(captured.grad().clone());
+  }
+  EXPECT_TRUE(g[2].equal(g[0]));
+  EXPECT_TRUE(g[3].equal(g[1]));
 }
 
 // Python's grad-mode rules: under no_grad or inference mode the function

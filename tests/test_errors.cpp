@@ -607,6 +607,23 @@ const std::vector<Row>& rows() {
          const auto twice = f.b * 2;  // a non-leaf whose history reaches b, used too
          torchamp::checkpoint([&](const torch::Tensor& t) { return t * twice + f.b; }, f.a);
        }},
+      {"E76", Err::kNotImplemented, "torchamp::checkpoint: outputs 0 and 1 share memory",
+       [](Fixture& f) { (void)f; },
+       [](Fixture& f) {
+         torchamp::checkpoint(
+             [](const torch::Tensor& t) {
+               const auto h = t * 2;
+               return std::make_tuple(h, h.view({3, 1}));
+             },
+             f.a);
+       }},
+      {"E77", Err::kRuntime, "torchamp::checkpoint: the function modified its input 0 in place",
+       [](Fixture& f) { (void)f; },
+       [](Fixture& f) {
+         (void)f;
+         const auto t = torch::ones({3});
+         torchamp::checkpoint([&](const torch::Tensor& u) { return f.a * u.mul_(2); }, t);
+       }},
   };
   return table;
 }

@@ -111,6 +111,40 @@ Out checkpoint_result(std::vector<at::Tensor>&& v) {
   }
 }
 
+// The result type checkpoint returns for `fn`'s: tensors by value (a tuple
+// of references would refer into the call's temporaries).
+template <class T>
+struct checkpoint_value {
+  using type = std::decay_t<T>;
+};
+template <class... Ts>
+struct checkpoint_value<std::tuple<Ts...>> {
+  using type = std::tuple<std::decay_t<Ts>...>;
+};
+
+// Whether `f` can be empty and is: a null pointer, an empty std::function,
+// a null module holder (`is_empty()`).
+template <class Fn, class = void>
+struct has_is_empty : std::false_type {};
+template <class Fn>
+struct has_is_empty<Fn, std::void_t<decltype(std::declval<const Fn&>().is_empty())>>
+    : std::true_type {};
+template <class T>
+struct is_std_function : std::false_type {};
+template <class R, class... A>
+struct is_std_function<std::function<R(A...)>> : std::true_type {};
+template <class Fn>
+bool is_empty_callable(const Fn& f) {
+  if constexpr (std::is_pointer_v<Fn> || std::is_member_pointer_v<Fn> ||
+                is_std_function<Fn>::value) {
+    return f == nullptr;
+  } else if constexpr (has_is_empty<Fn>::value) {
+    return f.is_empty();
+  } else {
+    return false;
+  }
+}
+
 template <class F, size_t... I>
 decltype(auto) invoke_with(F& f, const std::vector<at::Tensor>& xs, std::index_sequence<I...>) {
   return std::invoke(f, xs[I]...);
@@ -151,6 +185,10 @@ auto checkpoint(F&& fn, const Args&... args) {
   constexpr size_t kOptions = (size_t{detail::is_checkpoint_options_v<Args>} + ...);
   constexpr size_t kVectors = (size_t{detail::is_checkpoint_tensors_v<Args>} + ...);
   static_assert(kOptions <= 1, "torchamp::checkpoint: at most one CheckpointOptions");
+  static_assert(
+      kOptions == 0 || detail::is_checkpoint_options_v<
+                           std::tuple_element_t<sizeof...(Args) - 1, std::tuple<Args...>>>,
+      "torchamp::checkpoint: the CheckpointOptions comes last");
   static_assert(kVectors == 0 || sizeof...(Args) - kOptions == 1,
                 "torchamp::checkpoint: pass tensors, or one std::vector of them");
   constexpr size_t kTensors = sizeof...(Args) - kOptions;
@@ -164,18 +202,16 @@ auto checkpoint(F&& fn, const Args&... args) {
       return detail::invoke_with(f, xs, Seq{});
     }
   };
-  using Out = std::decay_t<decltype(call(std::declval<Fn&>(),
-                                         std::declval<const std::vector<at::Tensor>&>()))>;
-  if constexpr (std::is_constructible_v<bool, const Fn&>) {
-    TORCH_CHECK_TYPE(static_cast<bool>(fn),
-                     "torchamp::checkpoint: the function is empty (a null pointer, std::function "
-                     "or module holder); expected something to call");
-  }
+  using Out = typename detail::checkpoint_value<decltype(call(
+      std::declval<Fn&>(), std::declval<const std::vector<at::Tensor>&>()))>::type;
+  Fn f(std::forward<F>(fn));
+  TORCH_CHECK_TYPE(!detail::is_empty_callable(f),
+                   "torchamp::checkpoint: the function is empty (a null pointer, std::function "
+                   "or module holder); expected something to call");
   std::vector<at::Tensor> inputs;
   CheckpointOptions options;
   (detail::collect_checkpoint_arg(args, inputs, options), ...);
-  CheckpointFunction erased = [f = Fn(std::forward<F>(fn)),
-                               call](const std::vector<at::Tensor>& xs) mutable {
+  CheckpointFunction erased = [f = std::move(f), call](const std::vector<at::Tensor>& xs) mutable {
     return detail::checkpoint_outputs(call(f, xs));
   };
   return detail::checkpoint_result<Out>(detail::checkpoint(erased, inputs, options));
