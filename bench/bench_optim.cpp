@@ -43,6 +43,7 @@
 #include <torchamp/optim.h>
 
 #include "bench_util.h"
+#include "compat.h"           // TORCHAMP_ATEN_FUSED_OPTIMIZERS
 #include "kernels/kernels.h"  // TORCHAMP_TARGET_CLONES, as the kernels
 
 #include <ATen/Parallel.h>
@@ -53,8 +54,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -250,11 +253,178 @@ void bm_ceiling(benchmark::State& state, const Case& c) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * adamw_bytes(c)));
 }
 
+// ---- interleaved ratios ----------------------------------------------------
+//
+// These machines are shared and their speed drifts within seconds, so the
+// ratios the issue tracker asks for are measured here by running every
+// variant of a case once per round, round after round, and taking medians:
+//   fp32, bf16-master, fp16-master      torchamp AdamW's step() on float32,
+//                                       bfloat16 and float16 parameters
+//   ... +scaler                         the same with scaler.step + update
+//   aten_adamw+scaler                   ATen's CPU _fused_adamw_ driven as
+//                                       Python's GradScaler drives
+//                                       AdamW(fused=True): the check pass
+//                                       (inverse scale 1), the step count's
+//                                       _foreach_add_, _fused_adamw_(grad_scale,
+//                                       found_inf), _amp_update_scale_
+//   sgd+scaler, aten_sgd+scaler         the same for SGD (momentum 0.9)
+// The scale alternates 2 and 0.5 (the fused steps write the gradients back
+// divided by it; a fixed scale would drive them subnormal within rounds).
+struct Variant {
+  std::string name;
+  std::function<void()> step;
+};
+
+template <class Opt, class Options>
+Variant scaled_variant(const std::string& name, std::vector<at::Tensor> ps, Options options,
+                       torchamp::optim::FusedOptions fused = {}) {
+  auto opt = std::make_shared<Opt>(ps, options, fused);
+  auto scaler =
+      std::make_shared<torchamp::GradScaler>(torchamp::GradScalerOptions().init_scale(2.0));
+  scaler->step(*opt);
+  scaler->update(0.5);
+  auto i = std::make_shared<int64_t>(1);
+  return {name, [opt, scaler, i, ps] {
+            scaler->step(*opt);
+            scaler->update(((*i)++ & 1) ? 2.0 : 0.5);
+          }};
+}
+
+template <class Opt, class Options>
+Variant plain_variant(const std::string& name, std::vector<at::Tensor> ps, Options options,
+                      torchamp::optim::FusedOptions fused = {}) {
+  auto opt = std::make_shared<Opt>(ps, options, fused);
+  opt->step();
+  return {name, [opt, ps] { opt->step(); }};
+}
+
+#if TORCHAMP_ATEN_FUSED_OPTIMIZERS
+// Python's GradScaler around a fused optimizer, its ATen calls from C++.
+struct AtenScaled {
+  std::vector<at::Tensor> ps, grads, a, b, none, steps;
+  at::Tensor scale = torch::full({}, 2.0f), tracker = torch::zeros({}, torch::kInt);
+  int64_t i = 0;
+  explicit AtenScaled(std::vector<at::Tensor> params, bool moments) : ps(std::move(params)) {
+    for (auto& p : ps) {
+      grads.push_back(p.grad());
+      a.push_back(torch::zeros_like(p));
+      if (moments) {
+        b.push_back(torch::zeros_like(p));
+      }
+      steps.push_back(torch::zeros({}));
+    }
+  }
+  at::Tensor check() {
+    auto found_inf = torch::zeros({});
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, torch::ones({}));
+    return found_inf;
+  }
+  void update(const at::Tensor& found_inf) {
+    at::_amp_update_scale_(scale, tracker, found_inf, 2.0, 0.5, 2000);
+    scale.fill_((i++ & 1) ? 2.0 : 0.5);  // (as the torchamp variants' update(new_scale))
+  }
+};
+#endif
+
+void run_interleaved(const Case& c, int rounds) {
+  const auto adamw = torch::optim::AdamWOptions(1e-3).weight_decay(0.01);
+  const auto sgd = torch::optim::SGDOptions(1e-3).momentum(0.9);
+  const auto masters = torchamp::optim::FusedOptions().master_weights(true);
+  std::vector<Variant> vs;
+  vs.push_back(plain_variant<torchamp::optim::AdamW>("fp32", make_params(c), adamw));
+  vs.push_back(plain_variant<torchamp::optim::AdamW>("bf16-master", make_params(c, at::kBFloat16),
+                                                     adamw, masters));
+  vs.push_back(plain_variant<torchamp::optim::AdamW>("fp16-master", make_params(c, at::kHalf),
+                                                     adamw, masters));
+  vs.push_back(scaled_variant<torchamp::optim::AdamW>("fp32+scaler", make_params(c), adamw));
+  vs.push_back(scaled_variant<torchamp::optim::AdamW>(
+      "bf16-master+scaler", make_params(c, at::kBFloat16), adamw, masters));
+  vs.push_back(scaled_variant<torchamp::optim::AdamW>("fp16-master+scaler",
+                                                      make_params(c, at::kHalf), adamw, masters));
+  vs.push_back(scaled_variant<torchamp::optim::SGD>("sgd+scaler", make_params(c), sgd));
+#if TORCHAMP_ATEN_FUSED_OPTIMIZERS
+  {
+    auto st = std::make_shared<AtenScaled>(make_params(c), true);
+    vs.push_back({"aten_adamw+scaler", [st] {
+                    const auto found_inf = st->check();
+                    at::_foreach_add_(st->steps, 1);
+                    at::_fused_adamw_(st->ps, st->grads, st->a, st->b, st->none, st->steps, 1e-3,
+                                      0.9, 0.999, 0.01, 1e-8, false, false, st->scale, found_inf);
+                    st->update(found_inf);
+                  }});
+  }
+  {
+    auto st = std::make_shared<AtenScaled>(make_params(c), false);
+    auto first = std::make_shared<bool>(true);
+    vs.push_back({"aten_sgd+scaler", [st, first] {
+                    const auto found_inf = st->check();
+                    at::_fused_sgd_(st->ps, st->grads, st->a, 0.0, 0.9, 1e-3, 0.0, false, false,
+                                    *first, st->scale, found_inf);
+                    *first = false;
+                    st->update(found_inf);
+                  }});
+  }
+#endif
+  for (auto& v : vs) {
+    v.step();  // warm-up
+  }
+  std::map<std::string, std::vector<double>> ms;
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t k = 0; k < vs.size(); ++k) {
+      auto& v = vs[(k + static_cast<size_t>(r)) % vs.size()];  // a rotating order
+      const auto t0 = std::chrono::steady_clock::now();
+      v.step();
+      ms[v.name].push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::map<std::string, double> med;
+  for (auto& [name, t] : ms) {
+    std::sort(t.begin(), t.end());
+    med[name] = t[t.size() / 2];
+  }
+  auto speed = [&](const char* a, const char* b) {  // b's time over a's: a's speed as b's
+    return med.count(a) && med.count(b) ? med[b] / med[a] : 0.0;
+  };
+  std::printf("| %s | %.2f | %.2f | %.2fx | %.2fx | %.2fx | %.2fx |", c.name, med["fp32"],
+              med["fp32+scaler"], speed("bf16-master", "fp32"), speed("fp16-master", "fp32"),
+              speed("bf16-master+scaler", "fp32+scaler"),
+              speed("fp16-master+scaler", "fp32+scaler"));
+  if (med.count("aten_adamw+scaler")) {
+    std::printf(" %.2f | %.2fx | %.2f | %.2fx |\n", med["aten_adamw+scaler"],
+                speed("fp32+scaler", "aten_adamw+scaler"), med["aten_sgd+scaler"],
+                speed("sgd+scaler", "aten_sgd+scaler"));
+  } else {
+    std::printf(" n/a | n/a | n/a | n/a |\n");
+  }
+}
+
+void interleaved(int rounds_large, int rounds_small) {
+  std::printf(
+      "\nInterleaved (%d threads, LibTorch %s; medians of rounds, every variant once per round; "
+      "speeds as the float32 fused step's time over theirs, ATen's as its time over torchamp's)\n"
+      "| case | fp32 AdamW ms | fp32 AdamW+scaler ms | bf16 master | fp16 master | bf16 master "
+      "+scaler | fp16 master +scaler | ATen _fused_adamw_+scaler ms | torchamp vs ATen | ATen "
+      "_fused_sgd_+scaler ms | torchamp SGD vs ATen |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n",
+      at::get_num_threads(), TORCH_VERSION);
+  for (const auto& c : kCases) {
+    if (std::string(c.name) == "1x64M" || std::string(c.name) == "10000x100") {
+      run_interleaved(c, c.tensors == 1 ? rounds_large : rounds_small);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int threads =
-      torchamp_bench::init(argc, argv, "0.3", {"--device="}, [](const std::string& a) {
+  bool only_interleaved = false;
+  const int threads = torchamp_bench::init(
+      argc, argv, "0.3", {"--device=", "--interleaved"}, [&](const std::string& a) {
+        if (a == "--interleaved") {
+          only_interleaved = true;
+          return;
+        }
         try {
           g_device = c10::Device(a.substr(9));
         } catch (const c10::Error& e) {
@@ -268,6 +438,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   at::set_num_threads(threads);
+  if (only_interleaved) {  // the interleaved ratios alone
+    interleaved(9, 31);
+    return 0;
+  }
 
   const auto adamw = torch::optim::AdamWOptions(1e-3).weight_decay(0.01);
   const auto sgd = torch::optim::SGDOptions(1e-3).momentum(0.9);

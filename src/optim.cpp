@@ -104,6 +104,11 @@ struct CachedParam {
   std::array<at::Tensor, 3> tensors;
   std::array<const void*, 3> data{};
   std::array<int64_t, 3> numel{};
+  // Its master weight's data as of the master store's `version` (a lookup
+  // per parameter and step was most of a master step's cost on small tensors).
+  uint64_t master_version = ~uint64_t{0};
+  void* master_data = nullptr;
+  int64_t master_numel = 0;
 };
 
 // What supports_amp_scaling() found for the amp_step() right after it: the
@@ -142,6 +147,7 @@ struct MasterWeights::Store {
     at::Tensor master;
   };
   std::unordered_map<const c10::TensorImpl*, Entry> entries;
+  uint64_t version = 0;  // bumped by every change of `entries`
 };
 
 MasterWeights::MasterWeights(bool on) : on_(on), store_(std::make_unique<Store>()) {}
@@ -304,10 +310,12 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
       }
     }
     store = std::move(kept);  // masters of parameters no longer in the optimizer go
+    ++masters.store().version;
     TORCH_INTERNAL_ASSERT(attempt == 0, "the rebuilt step cache does not match the param groups");
   }
   // Each parameter with a gradient, and its state.
   const auto& store = masters.store().entries;
+  const uint64_t store_version = masters.store().version;
   for (size_t i = 0; i < plan.params.size(); ++i) {
     prefetch_ahead(plan, i + 2 * kPrefetchDistance);
     prefetch_storages(plan, i + kPrefetchDistance);
@@ -337,13 +345,17 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
     }
     void* master_data = nullptr;
     if (c.master) {
-      auto it = store.find(p.unsafeGetTensorImpl());
-      if (it != store.end()) {
-        TORCH_CHECK(it->second.master.numel() == p.numel(), "torchamp::optim: param_groups[",
-                    c.group, "].params[", c.index, "] changed size (", p.numel(),
-                    " elements, its master weight ", it->second.master.numel(), ")");
-        master_data = data_of(it->second.master);
+      if (c.master_version != store_version) {
+        auto it = store.find(p.unsafeGetTensorImpl());
+        c.master_data = it != store.end() ? data_of(it->second.master) : nullptr;
+        c.master_numel = it != store.end() ? it->second.master.numel() : 0;
+        c.master_version = store_version;
       }
+      TORCH_CHECK(c.master_data == nullptr || c.master_numel == p.numel(),
+                  "torchamp::optim: param_groups[", c.group, "].params[", c.index,
+                  "] changed size (", p.numel(), " elements, its master weight ", c.master_numel,
+                  ")");
+      master_data = c.master_data;
     }
     plan.ready.push_back({i, &grad, st, data_of(p), data_of(grad), master_data});
   }
@@ -381,6 +393,7 @@ void* make_master(const MasterWeights& masters, const CachedParam& c) {
                           : p.to(at::kFloat).contiguous();
   void* data = data_of(master);
   masters.store().entries[p.unsafeGetTensorImpl()] = {p, std::move(master)};
+  ++masters.store().version;
   return data;
 }
 
@@ -654,6 +667,7 @@ at::Tensor master_value(const MasterWeights& masters, const at::Tensor& param) {
     auto loaded = read_masters(*this, masters_, archive);                          \
     torch::optim::NAME::load(archive);                                             \
     masters_.store().entries = std::move(loaded);                                  \
+    ++masters_.store().version;                                                    \
     cache_ = StepCache();                                                          \
   }                                                                                \
   at::Tensor NAME::master_weight(const at::Tensor& param) const {                  \

@@ -6,6 +6,8 @@
 #include <torchamp/optim.h>
 #include <torchamp/paddle.h>
 
+#include "kernels/kernels.h"  // force_portable
+
 #include <torch/torch.h>
 
 #include <gtest/gtest.h>
@@ -146,6 +148,82 @@ TEST(MasterWeights, ThousandStepsWithSkipsEqualAFloat32ModelBitForBit) {
     masters_track_float32<torchamp::optim::SGD>(
         dtype, torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(1e-4),
         "SGD nesterov");
+  }
+}
+
+// float16 masters take a chunked path (the float32 loop on the master, the
+// conversions on F16C where the CPU has it); TORCHAMP_PORTABLE_KERNELS keeps
+// the one-pass loop. Both give the same bits, for every float16 gradient
+// pattern (NaNs with every payload, infinities, subnormals) and parameter
+// pattern, on lengths around the vector width and the chunk size, for Adam,
+// AdamW (with amsgrad), SGD (momentum, nesterov), with and without a
+// grad_scale (the gradients written back).
+TEST(MasterWeights, Float16ChunkedPathEqualsTheOnePassLoopOnEveryPattern) {
+  const auto make = [] {
+    std::vector<at::Tensor> ps;
+    int64_t k = 0;
+    for (int64_t n : {1, 7, 8, 9, 2047, 2048, 2049, 65536 + 3}) {
+      at::Tensor p = torch::empty({n}, torch::kHalf), g = torch::empty({n}, torch::kHalf);
+      auto* pb = static_cast<uint16_t*>(p.data_ptr());
+      auto* gb = static_cast<uint16_t*>(g.data_ptr());
+      for (int64_t i = 0; i < n; ++i, ++k) {
+        gb[i] = static_cast<uint16_t>(k * 40503u);             // every pattern, scrambled
+        pb[i] = static_cast<uint16_t>((k * 7919u) & 0x7bffu);  // finite parameters
+      }
+      p.mutable_grad() = g;
+      ps.push_back(p);
+    }
+    return ps;
+  };
+  const auto run = [&](bool portable, int which, std::optional<float> scale) {
+    auto ps = make();
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (which == 0) {
+      opt = std::make_unique<torchamp::optim::AdamW>(
+          ps, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true), kMasters);
+    } else if (which == 1) {
+      opt = std::make_unique<torchamp::optim::Adam>(
+          ps, torch::optim::AdamOptions(1e-2).weight_decay(0.1), kMasters);
+    } else {
+      opt = std::make_unique<torchamp::optim::SGD>(
+          ps, torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(0.1),
+          kMasters);
+    }
+    torchamp::kernels::force_portable(portable);
+    for (int step = 0; step < 3; ++step) {
+      torchamp::AmpStepArgs args;
+      args.grad_scale = scale;
+      dynamic_cast<torchamp::StepSupportsAmpScaling&>(*opt).amp_step(args);
+    }
+    torchamp::kernels::force_portable(false);
+    std::vector<at::Tensor> out;
+    for (const auto& p : ps) {
+      out.push_back(p.detach().clone());
+      out.push_back(p.grad().clone());
+      at::Tensor master;
+      if (which == 0) {
+        master = static_cast<torchamp::optim::AdamW&>(*opt).master_weight_storage(p);
+      } else if (which == 1) {
+        master = static_cast<torchamp::optim::Adam&>(*opt).master_weight_storage(p);
+      } else {
+        master = static_cast<torchamp::optim::SGD&>(*opt).master_weight_storage(p);
+      }
+      out.push_back(master.view(torch::kInt).clone());
+    }
+    return out;
+  };
+  for (int which = 0; which < 3; ++which) {
+    for (const auto scale : {std::optional<float>(), std::optional<float>(1024.0f)}) {
+      const auto a = run(true, which, scale);
+      const auto b = run(false, which, scale);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        const auto as = a[i].scalar_type() == torch::kHalf ? a[i].view(torch::kShort) : a[i];
+        const auto bs = b[i].scalar_type() == torch::kHalf ? b[i].view(torch::kShort) : b[i];
+        EXPECT_TRUE(torch::equal(as, bs))
+            << "optimizer " << which << (scale ? " unscaling" : "") << ", tensor " << i;
+      }
+    }
   }
 }
 

@@ -83,6 +83,9 @@ bool unscale_cpu_(c10::ArrayRef<at::Tensor> tensors, float inv_scale,
 /// `force_portable(true)` (tests, benchmarks) picks the portable loops.
 const char* unscale_path(at::ScalarType dtype);
 void force_portable(bool on);
+/// Whether the portable loops are forced (above); every kernel file's
+/// dispatch asks.
+bool portable_forced();
 
 /// Read-only variant: whether any element of any tensor is inf or NaN.
 bool check_cpu(c10::ArrayRef<at::Tensor> tensors, std::vector<uint8_t>* per_tensor_found = nullptr);

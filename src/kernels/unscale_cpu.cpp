@@ -531,6 +531,10 @@ const char* unscale_path(at::ScalarType dtype) {
   }
 }
 
+bool portable_forced() {
+  return g_force_portable.load(std::memory_order_relaxed);
+}
+
 void force_portable(bool on) {
   g_force_portable.store(on);
 }
