@@ -151,18 +151,17 @@ TEST(MasterWeights, ThousandStepsWithSkipsEqualAFloat32ModelBitForBit) {
   }
 }
 
-// float16 masters take a chunked path (the float32 loop on the master, the
-// conversions on F16C where the CPU has it); TORCHAMP_PORTABLE_KERNELS keeps
-// the one-pass loop. Both give the same bits, for every float16 gradient
-// pattern (NaNs with every payload, infinities, subnormals) and parameter
-// pattern, on lengths around the vector width and the chunk size, for Adam,
-// AdamW (with amsgrad), SGD (momentum, nesterov), with and without a
-// grad_scale (the gradients written back).
-TEST(MasterWeights, Float16ChunkedPathEqualsTheOnePassLoopOnEveryPattern) {
+// float16 masters run 8 elements at a time on F16C where the CPU has it;
+// TORCHAMP_PORTABLE_KERNELS keeps the one-pass loop. Both give the same
+// bits, for every float16 gradient pattern (NaNs with every payload,
+// infinities, subnormals) and parameter pattern, on lengths around the
+// vector width, for Adam, AdamW (with amsgrad), SGD (momentum, nesterov),
+// with and without a grad_scale (the gradients written back).
+TEST(MasterWeights, Float16F16cPathEqualsTheOnePassLoopOnEveryPattern) {
   const auto make = [] {
     std::vector<at::Tensor> ps;
     int64_t k = 0;
-    for (int64_t n : {1, 7, 8, 9, 2047, 2048, 2049, 65536 + 3}) {
+    for (int64_t n : {1, 7, 8, 9, 17, 2047, 2048, 65536 + 3}) {
       at::Tensor p = torch::empty({n}, torch::kHalf), g = torch::empty({n}, torch::kHalf);
       auto* pb = static_cast<uint16_t*>(p.data_ptr());
       auto* gb = static_cast<uint16_t*>(g.data_ptr());
@@ -218,9 +217,17 @@ TEST(MasterWeights, Float16ChunkedPathEqualsTheOnePassLoopOnEveryPattern) {
       const auto b = run(false, which, scale);
       ASSERT_EQ(a.size(), b.size());
       for (size_t i = 0; i < a.size(); ++i) {
-        const auto as = a[i].scalar_type() == torch::kHalf ? a[i].view(torch::kShort) : a[i];
-        const auto bs = b[i].scalar_type() == torch::kHalf ? b[i].view(torch::kShort) : b[i];
-        EXPECT_TRUE(torch::equal(as, bs))
+        // Parameters and gradients bit for bit (every NaN stored in float16
+        // is sign | 0x7E00); a float32 master's NaN keeps whichever operand's
+        // payload the hardware picked, which IEEE leaves open and compilers
+        // reorder (a + b for b + a): any NaN there equals any other.
+        const bool master = i % 3 == 2;
+        const auto as = master ? a[i] : a[i].view(torch::kShort);
+        const auto bs = master ? b[i] : b[i].view(torch::kShort);
+        const auto both_nan =
+            master ? a[i].view(torch::kFloat).isnan().logical_and(b[i].view(torch::kFloat).isnan())
+                   : torch::zeros(as.sizes(), torch::kBool);
+        EXPECT_TRUE(torch::equal(as.masked_fill(both_nan, 0), bs.masked_fill(both_nan, 0)))
             << "optimizer " << which << (scale ? " unscaling" : "") << ", tensor " << i;
       }
     }

@@ -129,6 +129,41 @@ using KindF16 = Kind<PlainParam<F16>, F16, F16>;
 using KindBf16Master = Kind<Bf16Master, Bf16, Io<float>>;
 using KindF16Master = Kind<F16Master, F16, Io<float>>;
 
+// The arithmetic of one Adam element, written once: the one-pass loops run
+// it on scalars, the F16C loops below on 8 floats at a time (V8), the same
+// operations in the same order, so the same bits. In scope: the constants of
+// adam_loop (beta1, ..., has_wd, kDecoupled, kAmsgrad); gi, pi, mi, vi and
+// vmax (amsgrad) hold the loaded values and leave with the new ones.
+#define TORCHAMP_ADAM_ELEMENT(gi, pi, mi, vi, vmax)                                         \
+  do {                                                                                      \
+    if (has_wd) {                                                                           \
+      if (kDecoupled) {                                                                     \
+        pi = pi * decay; /* param.mul_(1 - lr * weight_decay) */                            \
+      } else {                                                                              \
+        gi = gi + wd * pi; /* grad.add(param, weight_decay) */                              \
+      }                                                                                     \
+    }                                                                                       \
+    mi = mi * beta1 + one_minus_beta1 * gi;                                                 \
+    vi = vi * beta2 + one_minus_beta2 * gi * gi;                                            \
+    auto vd_ = vi;                                                                          \
+    if (kAmsgrad) {                                                                         \
+      vd_ = maximum(vmax, vi); /* max_out(max_exp_avg_sq, exp_avg_sq, ...) */               \
+      vmax = vd_;                                                                           \
+    }                                                                                       \
+    const auto denom_ = sqrt_of(vd_) / bc2_sqrt + eps;                                      \
+    pi = pi + neg_step_size * mi / denom_; /* param.addcdiv_(exp_avg, denom, -step_size) */ \
+  } while (false)
+
+// std::max and std::sqrt, overloaded below for V8.
+template <class M>
+inline M maximum(M a, M b) {
+  return (a < b) ? b : a;
+}
+template <class M>
+inline M sqrt_of(M a) {
+  return std::sqrt(a);
+}
+
 template <class K, bool kDecoupled, bool kAmsgrad, bool kUnscale>
 __attribute__((always_inline)) inline void adam_loop(const AdamJob& j, int64_t b, int64_t e,
                                                      float grad_scale) {
@@ -153,25 +188,16 @@ __attribute__((always_inline)) inline void adam_loop(const AdamJob& j, int64_t b
   for (int64_t i = b; i < e; ++i) {
     M gi = read_grad<G, kUnscale>(g, i, scale);
     M pi = p.load(i);
-    if (has_wd) {
-      if (kDecoupled) {
-        pi = pi * decay;  // param.mul_(1 - lr * weight_decay)
-      } else {
-        gi = gi + wd * pi;  // grad.add(param, weight_decay)
-      }
-    }
-    const M mi = S::load(m, i) * beta1 + one_minus_beta1 * gi;
-    const M vi = S::load(v, i) * beta2 + one_minus_beta2 * gi * gi;
-    M vd = vi;
-    if (kAmsgrad) {
-      vd = std::max(S::load(vmax, i), vi);  // max_out(max_exp_avg_sq, exp_avg_sq, ...)
-      S::store(vmax, i, vd);
-    }
-    const M denom = std::sqrt(vd) / bc2_sqrt + eps;
-    pi = pi + neg_step_size * mi / denom;  // param.addcdiv_(exp_avg, denom, -step_size)
+    M mi = S::load(m, i);
+    M vi = S::load(v, i);
+    M vmi = kAmsgrad ? S::load(vmax, i) : M{};
+    TORCHAMP_ADAM_ELEMENT(gi, pi, mi, vi, vmi);
     // Each stored tensor rounded once (16-bit storage); the update used the unrounded values.
     S::store(m, i, mi);
     S::store(v, i, vi);
+    if (kAmsgrad) {
+      S::store(vmax, i, vmi);
+    }
     p.store(i, pi);
   }
 }
@@ -198,160 +224,6 @@ TORCHAMP_ADAM_LOOPS(bf16_master, KindBf16Master)
 TORCHAMP_ADAM_LOOPS(f16_master, KindF16Master)
 #undef TORCHAMP_ADAM_LOOPS
 #undef TORCHAMP_ADAM_LOOP
-
-// ---- master weights in float32 chunks ----------------------------------
-//
-// The loops above run a master-weights step in one pass, converting in
-// registers. For float16 that is compute-bound: the portable conversions are
-// integer arithmetic, 2.4x float32's time on the same bytes. The chunked path
-// runs the float32 loop itself on the float32 master, 2,048 elements at a
-// time: the gradient widened into a float32 buffer in L1 before, the master
-// narrowed into the parameter (and the unscaled gradient back) after, the
-// conversions on F16C (VCVTPH2PS / VCVTPS2PH) where the CPU has it. Same
-// arithmetic, same bits (tested against the one-pass loops, which
-// TORCHAMP_PORTABLE_KERNELS keeps). bfloat16 masters stay one-pass: their
-// conversions are a shift and an add, and the chunked form measured slower.
-
-constexpr int64_t kChunk = 8192;
-
-TORCHAMP_TARGET_CLONES void widen_f16_portable(const uint16_t* __restrict s, float* __restrict d,
-                                               int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    d[i] = f16_to_float(s[i]);
-  }
-}
-TORCHAMP_TARGET_CLONES void narrow_f16_portable(const float* __restrict s, uint16_t* __restrict d,
-                                                int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    d[i] = float_to_f16(s[i]);
-  }
-}
-#ifdef TORCHAMP_X86_F16C
-#define TORCHAMP_F16C __attribute__((target("avx2,f16c")))
-
-// F16C and AVX2, and the OS saving AVX state.
-bool detect_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(1, &a, &b, &c, &d) == 0) {
-    return false;
-  }
-  constexpr unsigned kOsxsave = 1u << 27, kAvx = 1u << 28, kF16cBit = 1u << 29;
-  if ((c & (kOsxsave | kAvx | kF16cBit)) != (kOsxsave | kAvx | kF16cBit)) {
-    return false;
-  }
-  uint32_t lo = 0, hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  if ((lo & 0x6u) != 0x6u || __get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) {
-    return false;
-  }
-  return (b & (1u << 5)) != 0;  // AVX2
-}
-const bool kF16c = detect_f16c();
-
-// VCVTPH2PS is exact; it quiets a signalling NaN (sets the mantissa's top
-// bit) where f16_to_float keeps the payload as it is, which no result shows:
-// the update's first arithmetic on the value quiets it the same way, and
-// every stored NaN is narrowed to sign | 0x7E00 below.
-TORCHAMP_F16C void widen_f16_f16c(const uint16_t* __restrict s, float* __restrict d, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(d + i,
-                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
-  }
-  for (; i < n; ++i) {
-    d[i] = f16_to_float(s[i]);
-  }
-}
-
-// VCVTPS2PH rounds to nearest even as float_to_f16 does, subnormals and
-// overflow to inf included, but keeps a NaN's payload; float_to_f16 gives
-// sign | 0x7E00.
-TORCHAMP_F16C void narrow_f16_f16c(const float* __restrict s, uint16_t* __restrict d, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 f = _mm256_loadu_ps(s + i);
-    __m128i h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
-    if (_mm256_movemask_ps(nan) != 0) {
-      const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(f), 16),
-                                            _mm256_set1_epi32(0x8000));
-      const __m256i fixed = _mm256_blendv_epi8(_mm256_cvtepu16_epi32(h),
-                                               _mm256_or_si256(sign, _mm256_set1_epi32(0x7e00)),
-                                               _mm256_castps_si256(nan));
-      h = _mm_packus_epi32(_mm256_castsi256_si128(fixed), _mm256_extracti128_si256(fixed, 1));
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), h);
-  }
-  for (; i < n; ++i) {
-    d[i] = float_to_f16(s[i]);
-  }
-}
-#else
-constexpr bool kF16c = false;
-#endif
-
-void widen_f16(const uint16_t* s, float* d, int64_t n) {
-#ifdef TORCHAMP_X86_F16C
-  if (kF16c) {
-    return widen_f16_f16c(s, d, n);
-  }
-#endif
-  widen_f16_portable(s, d, n);
-}
-void narrow_f16(const float* s, uint16_t* d, int64_t n) {
-#ifdef TORCHAMP_X86_F16C
-  if (kF16c) {
-    return narrow_f16_f16c(s, d, n);
-  }
-#endif
-  narrow_f16_portable(s, d, n);
-}
-
-// One float16 master-weights job over [b, e), chunk by chunk through `f32`
-// (the float32 loop of the same variant) on a float32 view;
-// `offset_state(k, j, c)` points the view k's state at chunk [c, c + n).
-template <class Job, class Loop>
-void run_f16_master_chunks(const Job& j, int64_t b, int64_t e, float s, bool unscale, Loop f32,
-                           void (*offset_state)(Job&, const Job&, int64_t)) {
-  alignas(64) float grad[kChunk];
-  auto* p = static_cast<uint16_t*>(j.param);
-  auto* g = static_cast<uint16_t*>(j.grad);
-  auto* master = static_cast<float*>(j.master);
-  for (int64_t c = b; c < e; c += kChunk) {
-    const int64_t n = std::min(kChunk, e - c);
-    Job k = j;
-    k.param = master + c;  // the update runs on the float32 master
-    k.master = nullptr;
-    k.grad = grad;
-    k.dtype = at::kFloat;
-    k.numel = n;
-    offset_state(k, j, c);
-    widen_f16(g + c, grad, n);
-    // The next chunk's gradient and parameter while this one's update runs:
-    // the conversion loops each stream one array, which alone does not keep
-    // enough reads in flight to reach the memory's bandwidth.
-    const int64_t next = std::min(kChunk, e - c - n);
-    for (int64_t o = 0; o < next * 2; o += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(g + c + n) + o, 0);
-      __builtin_prefetch(reinterpret_cast<const char*>(p + c + n) + o, 1);
-    }
-    f32(k, 0, n, s);
-    narrow_f16(master + c, p + c, n);
-    if (unscale) {
-      narrow_f16(grad, g + c, n);
-    }
-  }
-}
-
-void offset_adam_state(AdamJob& k, const AdamJob& j, int64_t c) {
-  k.exp_avg = static_cast<float*>(j.exp_avg) + c;
-  k.exp_avg_sq = static_cast<float*>(j.exp_avg_sq) + c;
-  k.max_exp_avg_sq = j.max_exp_avg_sq ? static_cast<float*>(j.max_exp_avg_sq) + c : nullptr;
-}
-
-void offset_sgd_state(SgdJob& k, const SgdJob& j, int64_t c) {
-  k.momentum_buffer = j.momentum_buffer ? static_cast<float*>(j.momentum_buffer) + c : nullptr;
-}
 
 // A job's kind: the first index of the loop tables below.
 int kind_of(at::ScalarType dtype, const void* master) {
@@ -390,19 +262,21 @@ AdamLoop adam_loop_for(const AdamJob& j, bool unscale) {
 }
 #undef TORCHAMP_ADAM_ROW
 
-// A job's elements [b, e): float16 masters through the chunked path unless
-// the portable loops are forced.
-void run_adam(const AdamJob& j, bool unscale, int64_t b, int64_t e, float s) {
-  if (j.master != nullptr && j.dtype == at::kHalf && !portable_forced()) {
-    AdamJob f32 = j;
-    f32.master = nullptr;
-    f32.dtype = at::kFloat;
-    const AdamLoop loop = adam_loop_for(f32, unscale);
-    run_f16_master_chunks(j, b, e, s, unscale, loop, offset_adam_state);
-    return;
-  }
-  adam_loop_for(j, unscale)(j, b, e, s);
-}
+// One SGD element, written once as TORCHAMP_ADAM_ELEMENT: d (the gradient),
+// pi and bi (the momentum buffer, when there is one and it is not the first
+// step) hold the loaded values and leave with the new ones.
+#define TORCHAMP_SGD_ELEMENT(d, pi, bi)                                               \
+  do {                                                                                \
+    if (has_wd) {                                                                     \
+      d = d + wd * pi; /* d_p.add(param, weight_decay) */                             \
+    }                                                                                 \
+    if (has_momentum) {                                                               \
+      /* First step: clone(d_p); then buf.mul_(momentum).add_(d_p, 1 - dampening). */ \
+      bi = first ? d : bi * momentum + one_minus_dampening * d;                       \
+      d = nesterov ? d + momentum * bi : bi;                                          \
+    }                                                                                 \
+    pi = pi + neg_lr * d;                                                             \
+  } while (false)
 
 template <class K, bool kUnscale>
 __attribute__((always_inline)) inline void sgd_loop(const SgdJob& j, int64_t b, int64_t e,
@@ -423,17 +297,13 @@ __attribute__((always_inline)) inline void sgd_loop(const SgdJob& j, int64_t b, 
              nesterov = j.nesterov;
   for (int64_t i = b; i < e; ++i) {
     M d = read_grad<G, kUnscale>(g, i, scale);
-    const M pi = p.load(i);
-    if (has_wd) {
-      d = d + wd * pi;  // d_p.add(param, weight_decay)
-    }
+    M pi = p.load(i);
+    M bi = has_momentum && !first ? S::load(buf, i) : M{};
+    TORCHAMP_SGD_ELEMENT(d, pi, bi);
     if (has_momentum) {
-      // First step: clone(d_p); then buf.mul_(momentum).add_(d_p, 1 - dampening).
-      const M bi = first ? d : S::load(buf, i) * momentum + one_minus_dampening * d;
       S::store(buf, i, bi);
-      d = nesterov ? d + momentum * bi : bi;
     }
-    p.store(i, pi + neg_lr * d);
+    p.store(i, pi);
   }
 }
 
@@ -468,16 +338,227 @@ SgdLoop sgd_loop_for(const SgdJob& j, bool unscale) {
   return kLoops[kind_of(j.dtype, j.master)][unscale];
 }
 
-void run_sgd(const SgdJob& j, bool unscale, int64_t b, int64_t e, float s) {
-  if (j.master != nullptr && j.dtype == at::kHalf && !portable_forced()) {
-    SgdJob f32 = j;
-    f32.master = nullptr;
-    f32.dtype = at::kFloat;
-    const SgdLoop loop = sgd_loop_for(f32, unscale);
-    run_f16_master_chunks(j, b, e, s, unscale, loop, offset_sgd_state);
-    return;
+AdamLoop loop_for(const AdamJob& j, bool unscale) {
+  return adam_loop_for(j, unscale);
+}
+SgdLoop loop_for(const SgdJob& j, bool unscale) {
+  return sgd_loop_for(j, unscale);
+}
+
+// ---- float16 masters on F16C --------------------------------------------
+//
+// The one-pass float16-master loops convert with integer arithmetic in
+// registers and are compute-bound: 2.4x float32's time on the same bytes.
+// Where the CPU has F16C (and AVX2) they run 8 elements at a time with the
+// conversions in VCVTPH2PS / VCVTPS2PH and the arithmetic of the one-pass
+// loop (TORCHAMP_ADAM_ELEMENT, TORCHAMP_SGD_ELEMENT) on V8: same operations,
+// same bits (tested against the one-pass loops, which
+// TORCHAMP_PORTABLE_KERNELS keeps). bfloat16 masters stay one-pass: their
+// conversions are a shift and an add.
+#ifdef TORCHAMP_X86_F16C
+#define TORCHAMP_F16C __attribute__((target("avx2,f16c")))
+
+// F16C and AVX2, and the OS saving AVX state.
+bool detect_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0) {
+    return false;
   }
-  sgd_loop_for(j, unscale)(j, b, e, s);
+  constexpr unsigned kOsxsave = 1u << 27, kAvx = 1u << 28, kF16cBit = 1u << 29;
+  if ((c & (kOsxsave | kAvx | kF16cBit)) != (kOsxsave | kAvx | kF16cBit)) {
+    return false;
+  }
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & 0x6u) != 0x6u || __get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) {
+    return false;
+  }
+  return (b & (1u << 5)) != 0;  // AVX2
+}
+const bool kF16c = detect_f16c();
+
+// Eight floats, with the operators TORCHAMP_ADAM_ELEMENT and
+// TORCHAMP_SGD_ELEMENT use: each one IEEE operation, as the scalar ones
+// (and no contraction into FMAs: the target has none).
+struct V8 {
+  __m256 v;
+};
+TORCHAMP_F16C inline V8 operator+(V8 a, V8 b) {
+  return {_mm256_add_ps(a.v, b.v)};
+}
+TORCHAMP_F16C inline V8 operator*(V8 a, V8 b) {
+  return {_mm256_mul_ps(a.v, b.v)};
+}
+TORCHAMP_F16C inline V8 operator/(V8 a, V8 b) {
+  return {_mm256_div_ps(a.v, b.v)};
+}
+// std::max(a, b): a unless a < b (so a where either is NaN).
+TORCHAMP_F16C inline V8 maximum(V8 a, V8 b) {
+  return {_mm256_blendv_ps(a.v, b.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))};
+}
+TORCHAMP_F16C inline V8 sqrt_of(V8 a) {
+  return {_mm256_sqrt_ps(a.v)};
+}
+TORCHAMP_F16C inline V8 splat(float x) {
+  return {_mm256_set1_ps(x)};
+}
+TORCHAMP_F16C inline V8 load8(const float* p) {
+  return {_mm256_loadu_ps(p)};
+}
+TORCHAMP_F16C inline void store8(float* p, V8 x) {
+  _mm256_storeu_ps(p, x.v);
+}
+
+// VCVTPH2PS is exact; it quiets a signalling NaN (sets the mantissa's top
+// bit) where f16_to_float keeps the payload, which no result shows: the
+// update's first arithmetic on the value quiets it the same way, and every
+// stored NaN is narrowed to sign | 0x7E00.
+TORCHAMP_F16C inline V8 widen8(const uint16_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+}
+
+// VCVTPS2PH rounds to nearest even as float_to_f16 does, subnormals and
+// overflow to inf included, but keeps a NaN's payload; float_to_f16 gives
+// sign | 0x7E00.
+TORCHAMP_F16C inline void narrow8(uint16_t* d, V8 x) {
+  const __m256 f = x.v;
+  __m128i h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+  if (_mm256_movemask_ps(nan) != 0) {
+    const __m256i sign =
+        _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(f), 16), _mm256_set1_epi32(0x8000));
+    const __m256i fixed = _mm256_blendv_epi8(_mm256_cvtepu16_epi32(h),
+                                             _mm256_or_si256(sign, _mm256_set1_epi32(0x7e00)),
+                                             _mm256_castps_si256(nan));
+    h = _mm_packus_epi32(_mm256_castsi256_si128(fixed), _mm256_extracti128_si256(fixed, 1));
+  }
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d), h);
+}
+
+// A float16-master Adam/AdamW job over [b, b + 8k): the one-pass loop's
+// arithmetic on 8 elements at a time, its constants rounded to float as
+// there; returns where it stopped (the one-pass loop takes the rest).
+template <bool kDecoupled, bool kAmsgrad, bool kUnscale>
+TORCHAMP_F16C int64_t adam_f16_master_f16c(const AdamJob& j, int64_t b, int64_t e,
+                                           float grad_scale) {
+  auto* __restrict p = static_cast<uint16_t*>(j.param);
+  auto* __restrict master = static_cast<float*>(j.master);
+  auto* __restrict g = static_cast<uint16_t*>(j.grad);
+  auto* __restrict m = static_cast<float*>(j.exp_avg);
+  auto* __restrict v = static_cast<float*>(j.exp_avg_sq);
+  auto* __restrict vmax = static_cast<float*>(j.max_exp_avg_sq);
+  const V8 scale = splat(grad_scale);
+  const V8 beta1 = splat(static_cast<float>(j.beta1));
+  const V8 one_minus_beta1 = splat(static_cast<float>(1 - j.beta1));
+  const V8 beta2 = splat(static_cast<float>(j.beta2));
+  const V8 one_minus_beta2 = splat(static_cast<float>(1 - j.beta2));
+  const V8 eps = splat(static_cast<float>(j.eps));
+  const V8 bc2_sqrt = splat(static_cast<float>(j.bias_correction2_sqrt));
+  const V8 neg_step_size = splat(static_cast<float>(-j.step_size));
+  const V8 wd = splat(static_cast<float>(j.weight_decay));
+  const V8 decay = splat(static_cast<float>(1 - j.lr * j.weight_decay));
+  const bool has_wd = j.weight_decay != 0;
+  int64_t i = b;
+  for (; i + 8 <= e; i += 8) {
+    V8 gi = widen8(g + i);
+    if (kUnscale) {
+      gi = gi / scale;
+      narrow8(g + i, gi);
+    }
+    V8 pi = load8(master + i), mi = load8(m + i), vi = load8(v + i);
+    V8 vmi = kAmsgrad ? load8(vmax + i) : V8{};
+    TORCHAMP_ADAM_ELEMENT(gi, pi, mi, vi, vmi);
+    store8(m + i, mi);
+    store8(v + i, vi);
+    if (kAmsgrad) {
+      store8(vmax + i, vmi);
+    }
+    store8(master + i, pi);
+    narrow8(p + i, pi);
+  }
+  return i;
+}
+
+template <bool kUnscale>
+TORCHAMP_F16C int64_t sgd_f16_master_f16c(const SgdJob& j, int64_t b, int64_t e, float grad_scale) {
+  auto* __restrict p = static_cast<uint16_t*>(j.param);
+  auto* __restrict master = static_cast<float*>(j.master);
+  auto* __restrict g = static_cast<uint16_t*>(j.grad);
+  auto* __restrict buf = static_cast<float*>(j.momentum_buffer);
+  const V8 scale = splat(grad_scale);
+  const V8 wd = splat(static_cast<float>(j.weight_decay));
+  const V8 momentum = splat(static_cast<float>(j.momentum));
+  const V8 one_minus_dampening = splat(static_cast<float>(1 - j.dampening));
+  const V8 neg_lr = splat(static_cast<float>(-1 * j.lr));
+  const bool has_wd = j.weight_decay != 0, has_momentum = buf != nullptr, first = j.first,
+             nesterov = j.nesterov;
+  int64_t i = b;
+  for (; i + 8 <= e; i += 8) {
+    V8 d = widen8(g + i);
+    if (kUnscale) {
+      d = d / scale;
+      narrow8(g + i, d);
+    }
+    V8 pi = load8(master + i);
+    V8 bi = has_momentum && !first ? load8(buf + i) : V8{};
+    TORCHAMP_SGD_ELEMENT(d, pi, bi);
+    if (has_momentum) {
+      store8(buf + i, bi);
+    }
+    store8(master + i, pi);
+    narrow8(p + i, pi);
+  }
+  return i;
+}
+
+// Each variant: the F16C loop on a multiple of 8, the one-pass loop on the
+// rest.
+#define TORCHAMP_ADAM_F16C(NAME, DECOUPLED, AMSGRAD, UNSCALE)                        \
+  void NAME(const AdamJob& j, int64_t b, int64_t e, float s) {                       \
+    const int64_t i = adam_f16_master_f16c<DECOUPLED, AMSGRAD, UNSCALE>(j, b, e, s); \
+    adam_loop_for(j, UNSCALE)(j, i, e, s);                                           \
+  }
+TORCHAMP_ADAM_F16C(adam_f16c, false, false, false)
+TORCHAMP_ADAM_F16C(adam_f16c_unscale, false, false, true)
+TORCHAMP_ADAM_F16C(adam_f16c_ams, false, true, false)
+TORCHAMP_ADAM_F16C(adam_f16c_ams_unscale, false, true, true)
+TORCHAMP_ADAM_F16C(adamw_f16c, true, false, false)
+TORCHAMP_ADAM_F16C(adamw_f16c_unscale, true, false, true)
+TORCHAMP_ADAM_F16C(adamw_f16c_ams, true, true, false)
+TORCHAMP_ADAM_F16C(adamw_f16c_ams_unscale, true, true, true)
+#undef TORCHAMP_ADAM_F16C
+
+void sgd_f16c(const SgdJob& j, int64_t b, int64_t e, float s) {
+  sgd_loop_for(j, false)(j, sgd_f16_master_f16c<false>(j, b, e, s), e, s);
+}
+void sgd_f16c_unscale(const SgdJob& j, int64_t b, int64_t e, float s) {
+  sgd_loop_for(j, true)(j, sgd_f16_master_f16c<true>(j, b, e, s), e, s);
+}
+
+AdamLoop f16c_loop_for(const AdamJob& j, bool unscale) {
+  static const AdamLoop kLoops[2][2][2] = {
+      {{adam_f16c, adam_f16c_unscale}, {adam_f16c_ams, adam_f16c_ams_unscale}},
+      {{adamw_f16c, adamw_f16c_unscale}, {adamw_f16c_ams, adamw_f16c_ams_unscale}},
+  };
+  return kLoops[j.decoupled][j.max_exp_avg_sq != nullptr][unscale];
+}
+SgdLoop f16c_loop_for(const SgdJob& /*j*/, bool unscale) {
+  return unscale ? sgd_f16c_unscale : sgd_f16c;
+}
+#else
+constexpr bool kF16c = false;
+template <class Job>
+auto f16c_loop_for(const Job& j, bool unscale) {
+  return loop_for(j, unscale);
+}
+#endif
+
+// A job's elements [b, e): float16 masters on F16C where the CPU has it
+// (and the portable loops are not forced), everything else one-pass.
+template <class Job>
+void run_job(const Job& j, bool unscale, int64_t b, int64_t e, float s) {
+  const bool f16c = kF16c && j.master != nullptr && j.dtype == at::kHalf && !portable_forced();
+  (f16c ? f16c_loop_for(j, unscale) : loop_for(j, unscale))(j, b, e, s);
 }
 
 // Many small parameters: each array of each one starts with a cache miss
@@ -546,11 +627,11 @@ bool optim_supports(at::ScalarType dtype) {
 }
 
 void adam_step_cpu(const std::vector<AdamJob>& jobs, const float* grad_scale) {
-  run_jobs(jobs, grad_scale, run_adam);
+  run_jobs(jobs, grad_scale, run_job<AdamJob>);
 }
 
 void sgd_step_cpu(const std::vector<SgdJob>& jobs, const float* grad_scale) {
-  run_jobs(jobs, grad_scale, run_sgd);
+  run_jobs(jobs, grad_scale, run_job<SgdJob>);
 }
 
 }  // namespace kernels
