@@ -154,6 +154,19 @@ using KindF16Master = Kind<F16Master, F16, Io<float>>;
     pi = pi + neg_step_size * mi / denom_; /* param.addcdiv_(exp_avg, denom, -step_size) */ \
   } while (false)
 
+// The constants TORCHAMP_ADAM_ELEMENT reads, from AdamJob j and the float
+// grad_scale in scope, each rounded to the compute type once as ATen rounds
+// its Scalars (MAKE: double -> T; for V8, to float and broadcast).
+#define TORCHAMP_ADAM_CONSTANTS(T, MAKE)                               \
+  const T scale = MAKE(grad_scale);                                    \
+  const T beta1 = MAKE(j.beta1), one_minus_beta1 = MAKE(1 - j.beta1);  \
+  const T beta2 = MAKE(j.beta2), one_minus_beta2 = MAKE(1 - j.beta2);  \
+  const T eps = MAKE(j.eps), bc2_sqrt = MAKE(j.bias_correction2_sqrt); \
+  const T neg_step_size = MAKE(-j.step_size);                          \
+  const T wd = MAKE(j.weight_decay);                                   \
+  const T decay = MAKE(1 - j.lr * j.weight_decay);                     \
+  const bool has_wd = j.weight_decay != 0
+
 // std::max and std::sqrt, overloaded below for V8.
 template <class M>
 inline M maximum(M a, M b) {
@@ -177,14 +190,8 @@ __attribute__((always_inline)) inline void adam_loop(const AdamJob& j, int64_t b
   auto* __restrict v = static_cast<typename S::T*>(j.exp_avg_sq);
   auto* __restrict vmax = static_cast<typename S::T*>(j.max_exp_avg_sq);
   // As ATen rounds its Scalars to the tensor's compute type.
-  const M scale = static_cast<M>(grad_scale);
-  const M beta1 = static_cast<M>(j.beta1), one_minus_beta1 = static_cast<M>(1 - j.beta1);
-  const M beta2 = static_cast<M>(j.beta2), one_minus_beta2 = static_cast<M>(1 - j.beta2);
-  const M eps = static_cast<M>(j.eps), bc2_sqrt = static_cast<M>(j.bias_correction2_sqrt);
-  const M neg_step_size = static_cast<M>(-j.step_size);
-  const M wd = static_cast<M>(j.weight_decay);
-  const M decay = static_cast<M>(1 - j.lr * j.weight_decay);
-  const bool has_wd = j.weight_decay != 0;
+  const auto to_m = [](double x) { return static_cast<M>(x); };
+  TORCHAMP_ADAM_CONSTANTS(M, to_m);
   for (int64_t i = b; i < e; ++i) {
     M gi = read_grad<G, kUnscale>(g, i, scale);
     M pi = p.load(i);
@@ -262,6 +269,17 @@ AdamLoop adam_loop_for(const AdamJob& j, bool unscale) {
 }
 #undef TORCHAMP_ADAM_ROW
 
+// TORCHAMP_SGD_ELEMENT's constants, as TORCHAMP_ADAM_CONSTANTS (SgdJob j;
+// buf, the momentum buffer's pointer, in scope).
+#define TORCHAMP_SGD_CONSTANTS(T, MAKE)                                                    \
+  const T scale = MAKE(grad_scale);                                                        \
+  const T wd = MAKE(j.weight_decay);                                                       \
+  const T momentum = MAKE(j.momentum);                                                     \
+  const T one_minus_dampening = MAKE(1 - j.dampening);                                     \
+  const T neg_lr = MAKE(-1 * j.lr);                                                        \
+  const bool has_wd = j.weight_decay != 0, has_momentum = buf != nullptr, first = j.first, \
+             nesterov = j.nesterov
+
 // One SGD element, written once as TORCHAMP_ADAM_ELEMENT: d (the gradient),
 // pi and bi (the momentum buffer, when there is one and it is not the first
 // step) hold the loaded values and leave with the new ones.
@@ -288,13 +306,8 @@ __attribute__((always_inline)) inline void sgd_loop(const SgdJob& j, int64_t b, 
   P p(j.param, j.master);
   auto* __restrict g = static_cast<typename G::T*>(j.grad);
   auto* __restrict buf = static_cast<typename S::T*>(j.momentum_buffer);
-  const M scale = static_cast<M>(grad_scale);
-  const M wd = static_cast<M>(j.weight_decay);
-  const M momentum = static_cast<M>(j.momentum);
-  const M one_minus_dampening = static_cast<M>(1 - j.dampening);
-  const M neg_lr = static_cast<M>(-1 * j.lr);
-  const bool has_wd = j.weight_decay != 0, has_momentum = buf != nullptr, first = j.first,
-             nesterov = j.nesterov;
+  const auto to_m = [](double x) { return static_cast<M>(x); };
+  TORCHAMP_SGD_CONSTANTS(M, to_m);
   for (int64_t i = b; i < e; ++i) {
     M d = read_grad<G, kUnscale>(g, i, scale);
     M pi = p.load(i);
@@ -399,8 +412,9 @@ TORCHAMP_F16C inline V8 maximum(V8 a, V8 b) {
 TORCHAMP_F16C inline V8 sqrt_of(V8 a) {
   return {_mm256_sqrt_ps(a.v)};
 }
-TORCHAMP_F16C inline V8 splat(float x) {
-  return {_mm256_set1_ps(x)};
+// A constant rounded to float (exactly for a float) and broadcast.
+TORCHAMP_F16C inline V8 splat_float(double x) {
+  return {_mm256_set1_ps(static_cast<float>(x))};
 }
 TORCHAMP_F16C inline V8 load8(const float* p) {
   return {_mm256_loadu_ps(p)};
@@ -447,17 +461,7 @@ TORCHAMP_F16C int64_t adam_f16_master_f16c(const AdamJob& j, int64_t b, int64_t 
   auto* __restrict m = static_cast<float*>(j.exp_avg);
   auto* __restrict v = static_cast<float*>(j.exp_avg_sq);
   auto* __restrict vmax = static_cast<float*>(j.max_exp_avg_sq);
-  const V8 scale = splat(grad_scale);
-  const V8 beta1 = splat(static_cast<float>(j.beta1));
-  const V8 one_minus_beta1 = splat(static_cast<float>(1 - j.beta1));
-  const V8 beta2 = splat(static_cast<float>(j.beta2));
-  const V8 one_minus_beta2 = splat(static_cast<float>(1 - j.beta2));
-  const V8 eps = splat(static_cast<float>(j.eps));
-  const V8 bc2_sqrt = splat(static_cast<float>(j.bias_correction2_sqrt));
-  const V8 neg_step_size = splat(static_cast<float>(-j.step_size));
-  const V8 wd = splat(static_cast<float>(j.weight_decay));
-  const V8 decay = splat(static_cast<float>(1 - j.lr * j.weight_decay));
-  const bool has_wd = j.weight_decay != 0;
+  TORCHAMP_ADAM_CONSTANTS(V8, splat_float);
   int64_t i = b;
   for (; i + 8 <= e; i += 8) {
     V8 gi = widen8(g + i);
@@ -485,13 +489,7 @@ TORCHAMP_F16C int64_t sgd_f16_master_f16c(const SgdJob& j, int64_t b, int64_t e,
   auto* __restrict master = static_cast<float*>(j.master);
   auto* __restrict g = static_cast<uint16_t*>(j.grad);
   auto* __restrict buf = static_cast<float*>(j.momentum_buffer);
-  const V8 scale = splat(grad_scale);
-  const V8 wd = splat(static_cast<float>(j.weight_decay));
-  const V8 momentum = splat(static_cast<float>(j.momentum));
-  const V8 one_minus_dampening = splat(static_cast<float>(1 - j.dampening));
-  const V8 neg_lr = splat(static_cast<float>(-1 * j.lr));
-  const bool has_wd = j.weight_decay != 0, has_momentum = buf != nullptr, first = j.first,
-             nesterov = j.nesterov;
+  TORCHAMP_SGD_CONSTANTS(V8, splat_float);
   int64_t i = b;
   for (; i + 8 <= e; i += 8) {
     V8 d = widen8(g + i);
