@@ -407,20 +407,16 @@ class TensorHooksAside {
   TensorHooksAside& operator=(TensorHooksAside&&) = delete;
 
  private:
-  template <class T, class = void>
-  struct Hooks {
-    struct None {};
-    using pre = None;
-    using retains = None;
-  };
-  template <class T>
-  struct Hooks<T, std::void_t<decltype(std::declval<T&>().tensor_pre_hooks())>> {
-    using pre = std::decay_t<decltype(std::declval<T&>().tensor_pre_hooks())>;
-    using retains = std::decay_t<decltype(std::declval<T&>().retains_grad_hooks())>;
-  };
+#if TORCHAMP_TORCH_AT_LEAST(2, 0)
+  using Pre = std::decay_t<decltype(std::declval<NodeT&>().tensor_pre_hooks())>;
+  using Retains = std::decay_t<decltype(std::declval<NodeT&>().retains_grad_hooks())>;
+#else
+  struct Pre {};
+  struct Retains {};
+#endif
   NodeT* node_;
-  typename Hooks<NodeT>::pre pre_;
-  typename Hooks<NodeT>::retains retains_;
+  Pre pre_;
+  Retains retains_;
 };
 
 }  // namespace compat
