@@ -449,6 +449,18 @@ TORCHAMP_F16C inline void narrow8(uint16_t* d, V8 x) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(d), h);
 }
 
+// read_grad on 8 float16 gradients: divided by the scale and written back
+// divided (kUnscale), else as they are.
+template <bool kUnscale>
+TORCHAMP_F16C inline V8 read_grad8(uint16_t* g, V8 scale) {
+  V8 x = widen8(g);
+  if (kUnscale) {
+    x = x / scale;
+    narrow8(g, x);
+  }
+  return x;
+}
+
 // A float16-master Adam/AdamW job over [b, b + 8k): the one-pass loop's
 // arithmetic on 8 elements at a time, its constants rounded to float as
 // there; returns where it stopped (the one-pass loop takes the rest).
@@ -464,11 +476,7 @@ TORCHAMP_F16C int64_t adam_f16_master_f16c(const AdamJob& j, int64_t b, int64_t 
   TORCHAMP_ADAM_CONSTANTS(V8, splat_float);
   int64_t i = b;
   for (; i + 8 <= e; i += 8) {
-    V8 gi = widen8(g + i);
-    if (kUnscale) {
-      gi = gi / scale;
-      narrow8(g + i, gi);
-    }
+    V8 gi = read_grad8<kUnscale>(g + i, scale);
     V8 pi = load8(master + i), mi = load8(m + i), vi = load8(v + i);
     V8 vmi = kAmsgrad ? load8(vmax + i) : V8{};
     TORCHAMP_ADAM_ELEMENT(gi, pi, mi, vi, vmi);
@@ -492,11 +500,7 @@ TORCHAMP_F16C int64_t sgd_f16_master_f16c(const SgdJob& j, int64_t b, int64_t e,
   TORCHAMP_SGD_CONSTANTS(V8, splat_float);
   int64_t i = b;
   for (; i + 8 <= e; i += 8) {
-    V8 d = widen8(g + i);
-    if (kUnscale) {
-      d = d / scale;
-      narrow8(g + i, d);
-    }
+    V8 d = read_grad8<kUnscale>(g + i, scale);
     V8 pi = load8(master + i);
     V8 bi = has_momentum && !first ? load8(buf + i) : V8{};
     TORCHAMP_SGD_ELEMENT(d, pi, bi);
