@@ -151,42 +151,50 @@ TEST(MasterWeights, ThousandStepsWithSkipsEqualAFloat32ModelBitForBit) {
   }
 }
 
-// float16 masters run 8 elements at a time on F16C where the CPU has it;
-// TORCHAMP_PORTABLE_KERNELS keeps the one-pass loop. Both give the same
-// bits, for every float16 gradient pattern (NaNs with every payload,
-// infinities, subnormals) and parameter pattern, on lengths around the
-// vector width, for Adam, AdamW (with amsgrad), SGD (momentum, nesterov),
-// with and without a grad_scale (the gradients written back).
-TEST(MasterWeights, Float16F16cPathEqualsTheOnePassLoopOnEveryPattern) {
-  const auto make = [] {
+// Master weights run 8 elements at a time on AVX2 + F16C where the CPU has
+// them; TORCHAMP_PORTABLE_KERNELS keeps the one-pass loop. Both give the
+// same bits, for float16 and bfloat16 parameters, every 16-bit gradient
+// pattern (NaNs with every payload, infinities, subnormals) and many
+// parameter patterns, on lengths around the vector width, for Adam, AdamW
+// (with amsgrad), SGD (momentum, nesterov), with and without a grad_scale
+// (the gradients written back).
+TEST(MasterWeights, VectorPathEqualsTheOnePassLoopOnEveryPattern) {
+  // Parameter, gradient and the master's float32 bits of each parameter
+  // (a bfloat16 master's: (parameter << 16) + remainder).
+  const auto run = [&](at::ScalarType dtype, bool portable, int which, std::optional<float> scale) {
     std::vector<at::Tensor> ps;
     int64_t k = 0;
+    // Finite parameters: float16's exponent, or bfloat16's, below all ones.
+    const uint32_t finite = dtype == at::kHalf ? 0x7bffu : 0x7f7fu;
     for (int64_t n : {1, 7, 8, 9, 17, 2047, 2048, 65536 + 3}) {
-      at::Tensor p = torch::empty({n}, torch::kHalf), g = torch::empty({n}, torch::kHalf);
+      at::Tensor p = torch::empty({n}, dtype), g = torch::empty({n}, dtype);
       auto* pb = static_cast<uint16_t*>(p.data_ptr());
       auto* gb = static_cast<uint16_t*>(g.data_ptr());
       for (int64_t i = 0; i < n; ++i, ++k) {
-        gb[i] = static_cast<uint16_t>(k * 40503u);             // every pattern, scrambled
-        pb[i] = static_cast<uint16_t>((k * 7919u) & 0x7bffu);  // finite parameters
+        gb[i] = static_cast<uint16_t>(k * 40503u);  // every pattern, scrambled
+        pb[i] = static_cast<uint16_t>((k * 7919u) & finite);
       }
       p.mutable_grad() = g;
       ps.push_back(p);
     }
-    return ps;
-  };
-  const auto run = [&](bool portable, int which, std::optional<float> scale) {
-    auto ps = make();
     std::unique_ptr<torch::optim::Optimizer> opt;
+    std::function<at::Tensor(const at::Tensor&)> master_of;
     if (which == 0) {
-      opt = std::make_unique<torchamp::optim::AdamW>(
+      auto o = std::make_unique<torchamp::optim::AdamW>(
           ps, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true), kMasters);
+      master_of = [o = o.get()](const at::Tensor& p) { return o->master_weight_storage(p); };
+      opt = std::move(o);
     } else if (which == 1) {
-      opt = std::make_unique<torchamp::optim::Adam>(
+      auto o = std::make_unique<torchamp::optim::Adam>(
           ps, torch::optim::AdamOptions(1e-2).weight_decay(0.1), kMasters);
+      master_of = [o = o.get()](const at::Tensor& p) { return o->master_weight_storage(p); };
+      opt = std::move(o);
     } else {
-      opt = std::make_unique<torchamp::optim::SGD>(
+      auto o = std::make_unique<torchamp::optim::SGD>(
           ps, torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(0.1),
           kMasters);
+      master_of = [o = o.get()](const at::Tensor& p) { return o->master_weight_storage(p); };
+      opt = std::move(o);
     }
     torchamp::kernels::force_portable(portable);
     for (int step = 0; step < 3; ++step) {
@@ -197,38 +205,51 @@ TEST(MasterWeights, Float16F16cPathEqualsTheOnePassLoopOnEveryPattern) {
     torchamp::kernels::force_portable(false);
     std::vector<at::Tensor> out;
     for (const auto& p : ps) {
-      out.push_back(p.detach().clone());
-      out.push_back(p.grad().clone());
-      at::Tensor master;
-      if (which == 0) {
-        master = static_cast<torchamp::optim::AdamW&>(*opt).master_weight_storage(p);
-      } else if (which == 1) {
-        master = static_cast<torchamp::optim::Adam&>(*opt).master_weight_storage(p);
-      } else {
-        master = static_cast<torchamp::optim::SGD&>(*opt).master_weight_storage(p);
+      out.push_back(p.detach().view(torch::kShort).clone());
+      out.push_back(p.grad().view(torch::kShort).clone());
+      const at::Tensor m = master_of(p);
+      if (dtype == at::kHalf) {
+        out.push_back(m.view(torch::kInt).clone());
+      } else {  // (parameter << 16) + remainder modulo 2^32, in int64, as int32 bits
+        const auto bits = torch::remainder(
+            p.detach().view(torch::kShort).to(torch::kLong).bitwise_and(0xffff) * 65536 +
+                m.to(torch::kLong),
+            int64_t{1} << 32);
+        out.push_back(torch::where(bits >= (int64_t{1} << 31), bits - (int64_t{1} << 32), bits)
+                          .to(torch::kInt));
       }
-      out.push_back(master.view(torch::kInt).clone());
     }
     return out;
   };
-  for (int which = 0; which < 3; ++which) {
-    for (const auto scale : {std::optional<float>(), std::optional<float>(1024.0f)}) {
-      const auto a = run(true, which, scale);
-      const auto b = run(false, which, scale);
-      ASSERT_EQ(a.size(), b.size());
-      for (size_t i = 0; i < a.size(); ++i) {
-        // Parameters and gradients bit for bit (every NaN stored in float16
-        // is sign | 0x7E00); a float32 master's NaN keeps whichever operand's
-        // payload the hardware picked, which IEEE leaves open and compilers
-        // reorder (a + b for b + a): any NaN there equals any other.
-        const bool master = i % 3 == 2;
-        const auto as = master ? a[i] : a[i].view(torch::kShort);
-        const auto bs = master ? b[i] : b[i].view(torch::kShort);
-        const auto both_nan =
-            master ? a[i].view(torch::kFloat).isnan().logical_and(b[i].view(torch::kFloat).isnan())
-                   : torch::zeros(as.sizes(), torch::kBool);
-        EXPECT_TRUE(torch::equal(as.masked_fill(both_nan, 0), bs.masked_fill(both_nan, 0)))
-            << "optimizer " << which << (scale ? " unscaling" : "") << ", tensor " << i;
+  for (const auto dtype : {at::kHalf, at::kBFloat16}) {
+    for (int which = 0; which < 3; ++which) {
+      for (const auto scale : {std::optional<float>(), std::optional<float>(1024.0f)}) {
+        const auto a = run(dtype, true, which, scale);
+        const auto b = run(dtype, false, which, scale);
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t i = 0; i < a.size(); i += 3) {
+          // Gradients bit for bit (every NaN stored in 16 bits is c10's),
+          // float16 parameters too (sign | 0x7E00). A float32 master's NaN
+          // keeps whichever operand's payload the hardware picked, which
+          // IEEE leaves open and compilers reorder (a + b for b + a): any
+          // NaN there equals any other, and so does the bfloat16 parameter
+          // that is the NaN master's high half.
+          const auto both_nan = a[i + 2]
+                                    .view(torch::kFloat)
+                                    .isnan()
+                                    .logical_and(b[i + 2].view(torch::kFloat).isnan());
+          const auto no_nan = torch::zeros(both_nan.sizes(), torch::kBool);
+          const auto& param_nan = dtype == at::kHalf ? no_nan : both_nan;
+          const std::string what = std::string(c10::toString(dtype)) + ", optimizer " +
+                                   std::to_string(which) + (scale ? " unscaling" : "") +
+                                   ", parameter " + std::to_string(i / 3);
+          EXPECT_TRUE(torch::equal(a[i].masked_fill(param_nan, 0), b[i].masked_fill(param_nan, 0)))
+              << what << ": the parameter";
+          EXPECT_TRUE(torch::equal(a[i + 1], b[i + 1])) << what << ": the gradient";
+          EXPECT_TRUE(
+              torch::equal(a[i + 2].masked_fill(both_nan, 0), b[i + 2].masked_fill(both_nan, 0)))
+              << what << ": the master";
+        }
       }
     }
   }

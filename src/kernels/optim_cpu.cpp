@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -358,21 +359,23 @@ SgdLoop loop_for(const SgdJob& j, bool unscale) {
   return sgd_loop_for(j, unscale);
 }
 
-// ---- float16 masters on F16C --------------------------------------------
+// ---- master weights 8 at a time on AVX2 + F16C ---------------------------
 //
-// The one-pass float16-master loops convert with integer arithmetic in
-// registers and are compute-bound: 2.4x float32's time on the same bytes.
-// Where the CPU has F16C (and AVX2) they run 8 elements at a time with the
-// conversions in VCVTPH2PS / VCVTPS2PH and the arithmetic of the one-pass
-// loop (TORCHAMP_ADAM_ELEMENT, TORCHAMP_SGD_ELEMENT) on V8: same operations,
-// same bits (tested against the one-pass loops, which
-// TORCHAMP_PORTABLE_KERNELS keeps). bfloat16 masters stay one-pass: their
-// conversions are a shift and an add.
+// The one-pass master loops convert in integer arithmetic and are
+// compute-bound where the compiler cannot keep them in vectors: float16's
+// conversions are long (2.4x float32's time on the same bytes), and the
+// bfloat16 ones with a written-back gradient (a scaler's step) stopped the
+// loop vectorising (0.66-0.73x). Where the CPU has AVX2 and F16C (every
+// x86-64 CPU with AVX2 has F16C) both master kinds run 8 elements at a time:
+// the one-pass loop's arithmetic (TORCHAMP_ADAM_ELEMENT, TORCHAMP_SGD_ELEMENT)
+// on V8, the same operations in the same order, so the same bits (tested
+// against the one-pass loops, which TORCHAMP_PORTABLE_KERNELS keeps), with
+// float16 converted by VCVTPH2PS / VCVTPS2PH and bfloat16 by shifts.
 #ifdef TORCHAMP_X86_F16C
-#define TORCHAMP_F16C __attribute__((target("avx2,f16c")))
+#define TORCHAMP_AVX2 __attribute__((target("avx2,f16c")))
 
-// F16C and AVX2, and the OS saving AVX state.
-bool detect_f16c() {
+// AVX2 and F16C, and the OS saving AVX state.
+bool detect_avx2_f16c() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid(1, &a, &b, &c, &d) == 0) {
     return false;
@@ -388,7 +391,7 @@ bool detect_f16c() {
   }
   return (b & (1u << 5)) != 0;  // AVX2
 }
-const bool kF16c = detect_f16c();
+const bool kAvx2F16c = detect_avx2_f16c();
 
 // Eight floats, with the operators TORCHAMP_ADAM_ELEMENT and
 // TORCHAMP_SGD_ELEMENT use: each one IEEE operation, as the scalar ones
@@ -396,178 +399,275 @@ const bool kF16c = detect_f16c();
 struct V8 {
   __m256 v;
 };
-TORCHAMP_F16C inline V8 operator+(V8 a, V8 b) {
+TORCHAMP_AVX2 inline V8 operator+(V8 a, V8 b) {
   return {_mm256_add_ps(a.v, b.v)};
 }
-TORCHAMP_F16C inline V8 operator*(V8 a, V8 b) {
+TORCHAMP_AVX2 inline V8 operator*(V8 a, V8 b) {
   return {_mm256_mul_ps(a.v, b.v)};
 }
-TORCHAMP_F16C inline V8 operator/(V8 a, V8 b) {
+TORCHAMP_AVX2 inline V8 operator/(V8 a, V8 b) {
   return {_mm256_div_ps(a.v, b.v)};
 }
 // std::max(a, b): a unless a < b (so a where either is NaN).
-TORCHAMP_F16C inline V8 maximum(V8 a, V8 b) {
+TORCHAMP_AVX2 inline V8 maximum(V8 a, V8 b) {
   return {_mm256_blendv_ps(a.v, b.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))};
 }
-TORCHAMP_F16C inline V8 sqrt_of(V8 a) {
+TORCHAMP_AVX2 inline V8 sqrt_of(V8 a) {
   return {_mm256_sqrt_ps(a.v)};
 }
 // A constant rounded to float (exactly for a float) and broadcast.
-TORCHAMP_F16C inline V8 splat_float(double x) {
+TORCHAMP_AVX2 inline V8 splat_float(double x) {
   return {_mm256_set1_ps(static_cast<float>(x))};
 }
-TORCHAMP_F16C inline V8 load8(const float* p) {
+TORCHAMP_AVX2 inline V8 load8(const float* p) {
   return {_mm256_loadu_ps(p)};
 }
-TORCHAMP_F16C inline void store8(float* p, V8 x) {
+TORCHAMP_AVX2 inline void store8(float* p, V8 x) {
   _mm256_storeu_ps(p, x.v);
 }
+TORCHAMP_AVX2 inline __m256i load8_u16(const void* p) {  // zero-extended to 32 bits
+  return _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+}
+// The low 16 bits of each 32-bit lane (each at most 0xFFFF), packed.
+TORCHAMP_AVX2 inline __m128i pack8_u16(__m256i x) {
+  return _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+}
 
-// VCVTPH2PS is exact; it quiets a signalling NaN (sets the mantissa's top
-// bit) where f16_to_float keeps the payload, which no result shows: the
-// update's first arithmetic on the value quiets it the same way, and every
-// stored NaN is narrowed to sign | 0x7E00.
-TORCHAMP_F16C inline V8 widen8(const uint16_t* p) {
+// Where a vector iteration stores: all 8 lanes (AllLanes), or, for a job's
+// last n < 8 elements, the last n lanes of the 8 ending there (LastLanes):
+// the others, elements this call has already updated, are stored back as
+// they are in memory. So the tail takes the same vector loop, in one
+// iteration, instead of a second call and a scalar loop's set-up (4% of a
+// step on tensors of a hundred elements).
+struct AllLanes {
+  TORCHAMP_AVX2 void f32(float* p, V8 x) const { store8(p, x); }
+  TORCHAMP_AVX2 void u16(void* p, __m128i x) const {
+    _mm_storeu_si128(static_cast<__m128i*>(p), x);
+  }
+};
+struct LastLanes {
+  __m256 live32;
+  __m128i live16;
+  TORCHAMP_AVX2 explicit LastLanes(int64_t n) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i live = _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(static_cast<int>(7 - n)));
+    live32 = _mm256_castsi256_ps(live);
+    live16 = _mm_packs_epi32(_mm256_castsi256_si128(live), _mm256_extracti128_si256(live, 1));
+  }
+  TORCHAMP_AVX2 void f32(float* p, V8 x) const {
+    store8(p, {_mm256_blendv_ps(_mm256_loadu_ps(p), x.v, live32)});
+  }
+  TORCHAMP_AVX2 void u16(void* p, __m128i x) const {
+    auto* q = static_cast<__m128i*>(p);
+    _mm_storeu_si128(q, _mm_blendv_epi8(_mm_loadu_si128(q), x, live16));
+  }
+};
+
+// float16 -> float. VCVTPH2PS is exact; it quiets a signalling NaN (sets the
+// mantissa's top bit) where f16_to_float keeps the payload, which no result
+// shows: the update's first arithmetic on the value quiets it the same way,
+// and every stored NaN is narrowed to sign | 0x7E00.
+TORCHAMP_AVX2 inline V8 widen_f16(const uint16_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
 }
 
-// VCVTPS2PH rounds to nearest even as float_to_f16 does, subnormals and
-// overflow to inf included, but keeps a NaN's payload; float_to_f16 gives
-// sign | 0x7E00.
-TORCHAMP_F16C inline void narrow8(uint16_t* d, V8 x) {
+// float -> float16. VCVTPS2PH rounds to nearest even as float_to_f16 does,
+// subnormals and overflow to inf included, but keeps a NaN's payload;
+// float_to_f16 gives sign | 0x7E00.
+TORCHAMP_AVX2 inline __m128i narrow_f16(V8 x) {
   const __m256 f = x.v;
   __m128i h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
   if (_mm256_movemask_ps(nan) != 0) {
     const __m256i sign =
         _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(f), 16), _mm256_set1_epi32(0x8000));
-    const __m256i fixed = _mm256_blendv_epi8(_mm256_cvtepu16_epi32(h),
-                                             _mm256_or_si256(sign, _mm256_set1_epi32(0x7e00)),
-                                             _mm256_castps_si256(nan));
-    h = _mm_packus_epi32(_mm256_castsi256_si128(fixed), _mm256_extracti128_si256(fixed, 1));
+    h = pack8_u16(_mm256_blendv_epi8(_mm256_cvtepu16_epi32(h),
+                                     _mm256_or_si256(sign, _mm256_set1_epi32(0x7e00)),
+                                     _mm256_castps_si256(nan)));
   }
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(d), h);
+  return h;
 }
 
-// read_grad on 8 float16 gradients: divided by the scale and written back
+// bfloat16 -> float (exact): bf16_to_float.
+TORCHAMP_AVX2 inline V8 widen_bf16(const uint16_t* p) {
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(load8_u16(p), 16))};
+}
+
+// float -> bfloat16: float_to_bf16, (b + 0x7FFF + ((b >> 16) & 1)) >> 16,
+// NaN -> 0x7FC0.
+TORCHAMP_AVX2 inline __m128i narrow_bf16(V8 x) {
+  const __m256i b = _mm256_castps_si256(x.v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256 nan = _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q);
+  return pack8_u16(_mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan)));
+}
+
+// A float16 parameter and its float32 master (F16Master, 8 at a time).
+struct F16MasterV8 {
+  uint16_t* __restrict p;
+  float* __restrict m;
+  F16MasterV8(const void* param, const void* master)
+      : p(static_cast<uint16_t*>(const_cast<void*>(param))),
+        m(static_cast<float*>(const_cast<void*>(master))) {}
+  TORCHAMP_AVX2 static V8 widen(const uint16_t* g) { return widen_f16(g); }
+  TORCHAMP_AVX2 static __m128i narrow(V8 x) { return narrow_f16(x); }
+  TORCHAMP_AVX2 V8 load(int64_t i) const { return load8(m + i); }
+  template <class Lanes>
+  TORCHAMP_AVX2 void store(int64_t i, V8 x, const Lanes& lanes) {
+    lanes.f32(m + i, x);
+    lanes.u16(p + i, narrow_f16(x));
+  }
+};
+
+// A bfloat16 parameter and its remainder (Bf16Master, 8 at a time): the
+// master's bits are (param << 16) + remainder; stored, the parameter is
+// (bits + 0x8000) >> 16 (the high half, plus one where the low half is
+// 0x8000 or more, modulo 2^16 as Bf16Master's uint16_t) and the remainder
+// the low half.
+struct Bf16MasterV8 {
+  uint16_t* __restrict p;
+  int16_t* __restrict r;
+  Bf16MasterV8(const void* param, const void* remainder)
+      : p(static_cast<uint16_t*>(const_cast<void*>(param))),
+        r(static_cast<int16_t*>(const_cast<void*>(remainder))) {}
+  TORCHAMP_AVX2 static V8 widen(const uint16_t* g) { return widen_bf16(g); }
+  TORCHAMP_AVX2 static __m128i narrow(V8 x) { return narrow_bf16(x); }
+  TORCHAMP_AVX2 V8 load(int64_t i) const {
+    const __m256i hi = _mm256_slli_epi32(load8_u16(p + i), 16);
+    const __m256i lo =
+        _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + i)));
+    return {_mm256_castsi256_ps(_mm256_add_epi32(hi, lo))};
+  }
+  template <class Lanes>
+  TORCHAMP_AVX2 void store(int64_t i, V8 x, const Lanes& lanes) {
+    const __m256i b = _mm256_castps_si256(x.v);
+    lanes.u16(p + i,
+              pack8_u16(_mm256_srli_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x8000)), 16)));
+    lanes.u16(r + i, pack8_u16(_mm256_and_si256(b, _mm256_set1_epi32(0xffff))));
+  }
+};
+
+// read_grad on 8 16-bit gradients: divided by the scale and written back
 // divided (kUnscale), else as they are.
-template <bool kUnscale>
-TORCHAMP_F16C inline V8 read_grad8(uint16_t* g, V8 scale) {
-  V8 x = widen8(g);
+template <class MV, bool kUnscale, class Lanes>
+TORCHAMP_AVX2 inline V8 read_grad8(uint16_t* g, V8 scale, const Lanes& lanes) {
+  V8 x = MV::widen(g);
   if (kUnscale) {
     x = x / scale;
-    narrow8(g, x);
+    lanes.u16(g, MV::narrow(x));
   }
   return x;
 }
 
-// A float16-master Adam/AdamW job over [b, b + 8k): the one-pass loop's
-// arithmetic on 8 elements at a time, its constants rounded to float as
-// there; returns where it stopped (the one-pass loop takes the rest).
-template <bool kDecoupled, bool kAmsgrad, bool kUnscale>
-TORCHAMP_F16C int64_t adam_f16_master_f16c(const AdamJob& j, int64_t b, int64_t e,
-                                           float grad_scale) {
-  auto* __restrict p = static_cast<uint16_t*>(j.param);
-  auto* __restrict master = static_cast<float*>(j.master);
+// A master-weight Adam/AdamW job over [b, e): the one-pass loop's arithmetic
+// on 8 elements at a time, its constants rounded to float as there, the
+// last e - b mod 8 elements in one more iteration on the 8 ending at e
+// (LastLanes); a job of fewer than 8 elements takes the one-pass loop.
+template <class MV, bool kDecoupled, bool kAmsgrad, bool kUnscale>
+TORCHAMP_AVX2 void adam_v8(const AdamJob& j, int64_t b, int64_t e, float grad_scale) {
+  if (e - b < 8) {
+    adam_loop_for(j, kUnscale)(j, b, e, grad_scale);
+    return;
+  }
+  MV p(j.param, j.master);
   auto* __restrict g = static_cast<uint16_t*>(j.grad);
   auto* __restrict m = static_cast<float*>(j.exp_avg);
   auto* __restrict v = static_cast<float*>(j.exp_avg_sq);
   auto* __restrict vmax = static_cast<float*>(j.max_exp_avg_sq);
   TORCHAMP_ADAM_CONSTANTS(V8, splat_float);
-  int64_t i = b;
-  for (; i + 8 <= e; i += 8) {
-    V8 gi = read_grad8<kUnscale>(g + i, scale);
-    V8 pi = load8(master + i), mi = load8(m + i), vi = load8(v + i);
+  const auto iteration = [&](int64_t i, const auto& lanes) __attribute__((always_inline)) {
+    V8 gi = read_grad8<MV, kUnscale>(g + i, scale, lanes);
+    V8 pi = p.load(i), mi = load8(m + i), vi = load8(v + i);
     V8 vmi = kAmsgrad ? load8(vmax + i) : V8{};
     TORCHAMP_ADAM_ELEMENT(gi, pi, mi, vi, vmi);
-    store8(m + i, mi);
-    store8(v + i, vi);
+    lanes.f32(m + i, mi);
+    lanes.f32(v + i, vi);
     if (kAmsgrad) {
-      store8(vmax + i, vmi);
+      lanes.f32(vmax + i, vmi);
     }
-    store8(master + i, pi);
-    narrow8(p + i, pi);
+    p.store(i, pi, lanes);
+  };
+  int64_t i = b;
+  for (; i + 8 <= e; i += 8) {
+    iteration(i, AllLanes());
   }
-  return i;
+  if (i < e) {
+    iteration(e - 8, LastLanes(e - i));
+  }
 }
 
-template <bool kUnscale>
-TORCHAMP_F16C int64_t sgd_f16_master_f16c(const SgdJob& j, int64_t b, int64_t e, float grad_scale) {
-  auto* __restrict p = static_cast<uint16_t*>(j.param);
-  auto* __restrict master = static_cast<float*>(j.master);
+template <class MV, bool kUnscale>
+TORCHAMP_AVX2 void sgd_v8(const SgdJob& j, int64_t b, int64_t e, float grad_scale) {
+  if (e - b < 8) {
+    sgd_loop_for(j, kUnscale)(j, b, e, grad_scale);
+    return;
+  }
+  MV p(j.param, j.master);
   auto* __restrict g = static_cast<uint16_t*>(j.grad);
   auto* __restrict buf = static_cast<float*>(j.momentum_buffer);
   TORCHAMP_SGD_CONSTANTS(V8, splat_float);
-  int64_t i = b;
-  for (; i + 8 <= e; i += 8) {
-    V8 d = read_grad8<kUnscale>(g + i, scale);
-    V8 pi = load8(master + i);
+  const auto iteration = [&](int64_t i, const auto& lanes) __attribute__((always_inline)) {
+    V8 d = read_grad8<MV, kUnscale>(g + i, scale, lanes);
+    V8 pi = p.load(i);
     V8 bi = has_momentum && !first ? load8(buf + i) : V8{};
     TORCHAMP_SGD_ELEMENT(d, pi, bi);
     if (has_momentum) {
-      store8(buf + i, bi);
+      lanes.f32(buf + i, bi);
     }
-    store8(master + i, pi);
-    narrow8(p + i, pi);
-  }
-  return i;
-}
-
-// Each variant: the F16C loop on a multiple of 8, the one-pass loop on the
-// rest.
-#define TORCHAMP_ADAM_F16C(NAME, DECOUPLED, AMSGRAD, UNSCALE)                        \
-  void NAME(const AdamJob& j, int64_t b, int64_t e, float s) {                       \
-    const int64_t i = adam_f16_master_f16c<DECOUPLED, AMSGRAD, UNSCALE>(j, b, e, s); \
-    adam_loop_for(j, UNSCALE)(j, i, e, s);                                           \
-  }
-TORCHAMP_ADAM_F16C(adam_f16c, false, false, false)
-TORCHAMP_ADAM_F16C(adam_f16c_unscale, false, false, true)
-TORCHAMP_ADAM_F16C(adam_f16c_ams, false, true, false)
-TORCHAMP_ADAM_F16C(adam_f16c_ams_unscale, false, true, true)
-TORCHAMP_ADAM_F16C(adamw_f16c, true, false, false)
-TORCHAMP_ADAM_F16C(adamw_f16c_unscale, true, false, true)
-TORCHAMP_ADAM_F16C(adamw_f16c_ams, true, true, false)
-TORCHAMP_ADAM_F16C(adamw_f16c_ams_unscale, true, true, true)
-#undef TORCHAMP_ADAM_F16C
-
-void sgd_f16c(const SgdJob& j, int64_t b, int64_t e, float s) {
-  sgd_loop_for(j, false)(j, sgd_f16_master_f16c<false>(j, b, e, s), e, s);
-}
-void sgd_f16c_unscale(const SgdJob& j, int64_t b, int64_t e, float s) {
-  sgd_loop_for(j, true)(j, sgd_f16_master_f16c<true>(j, b, e, s), e, s);
-}
-
-AdamLoop f16c_loop_for(const AdamJob& j, bool unscale) {
-  static const AdamLoop kLoops[2][2][2] = {
-      {{adam_f16c, adam_f16c_unscale}, {adam_f16c_ams, adam_f16c_ams_unscale}},
-      {{adamw_f16c, adamw_f16c_unscale}, {adamw_f16c_ams, adamw_f16c_ams_unscale}},
+    p.store(i, pi, lanes);
   };
-  return kLoops[j.decoupled][j.max_exp_avg_sq != nullptr][unscale];
+  int64_t i = b;
+  for (; i + 8 <= e; i += 8) {
+    iteration(i, AllLanes());
+  }
+  if (i < e) {
+    iteration(e - 8, LastLanes(e - i));
+  }
 }
-SgdLoop f16c_loop_for(const SgdJob& /*j*/, bool unscale) {
-  return unscale ? sgd_f16c_unscale : sgd_f16c;
+
+#define TORCHAMP_ADAM_V8_ROW(MV)                                            \
+  {                                                                         \
+    {{adam_v8<MV, false, false, false>, adam_v8<MV, false, false, true>},   \
+     {adam_v8<MV, false, true, false>, adam_v8<MV, false, true, true>}},    \
+        {{adam_v8<MV, true, false, false>, adam_v8<MV, true, false, true>}, \
+         {adam_v8<MV, true, true, false>, adam_v8<MV, true, true, true>}},  \
+  }
+
+// The loop for a master job: [float16][decoupled][amsgrad][unscale].
+AdamLoop v8_loop_for(const AdamJob& j, bool unscale) {
+  static const AdamLoop kLoops[2][2][2][2] = {TORCHAMP_ADAM_V8_ROW(Bf16MasterV8),
+                                              TORCHAMP_ADAM_V8_ROW(F16MasterV8)};
+  return kLoops[j.dtype == at::kHalf][j.decoupled][j.max_exp_avg_sq != nullptr][unscale];
+}
+#undef TORCHAMP_ADAM_V8_ROW
+SgdLoop v8_loop_for(const SgdJob& j, bool unscale) {
+  static const SgdLoop kLoops[2][2] = {{sgd_v8<Bf16MasterV8, false>, sgd_v8<Bf16MasterV8, true>},
+                                       {sgd_v8<F16MasterV8, false>, sgd_v8<F16MasterV8, true>}};
+  return kLoops[j.dtype == at::kHalf][unscale];
 }
 #else
-constexpr bool kF16c = false;
+constexpr bool kAvx2F16c = false;
 template <class Job>
-auto f16c_loop_for(const Job& j, bool unscale) {
+auto v8_loop_for(const Job& j, bool unscale) {
   return loop_for(j, unscale);
 }
 #endif
 
-// A job's elements [b, e): float16 masters on F16C where the CPU has it
-// (and the portable loops are not forced), everything else one-pass.
+// A job's elements [b, e): master weights 8 at a time where the CPU has AVX2
+// and F16C (and the portable loops are not forced), everything else one-pass.
 template <class Job>
 void run_job(const Job& j, bool unscale, int64_t b, int64_t e, float s) {
-  const bool f16c = kF16c && j.master != nullptr && j.dtype == at::kHalf && !portable_forced();
-  (f16c ? f16c_loop_for(j, unscale) : loop_for(j, unscale))(j, b, e, s);
+  const bool v8 = kAvx2F16c && j.master != nullptr && !portable_forced();
+  (v8 ? v8_loop_for(j, unscale) : loop_for(j, unscale))(j, b, e, s);
 }
 
 // Many small parameters: each array of each one starts with a cache miss
 // (separate allocations, no stream for the hardware prefetcher to follow),
 // and a master adds an array. Up to kPrefetchBytes of every array of the job
 // kPrefetchJobs ahead are asked for while this one runs.
-constexpr size_t kPrefetchJobs = 2;
+constexpr size_t kPrefetchJobs = 4;
 constexpr int64_t kPrefetchBytes = 1024;
 
 void prefetch_array(const void* p, int64_t bytes) {
