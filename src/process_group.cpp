@@ -29,6 +29,8 @@
 #define TORCHAMP_NCCL 0
 #endif
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -410,6 +412,41 @@ auto with_context(const Step& step, const Context& context) -> decltype(step()) 
   }
 }
 
+// A peer that dies mid-collective leaves its sockets closed; Gloo's next
+// write to one raises SIGPIPE, whose default action kills this process
+// silently (exit status 141, no message) instead of failing the collective
+// with an error. Python's interpreter ignores SIGPIPE from start-up, so
+// PyTorch's DDP reports the dead peer; init_process_group does the same where
+// the program left the default in place (a program's own handler, or its own
+// SIG_IGN, is kept), and puts the default back when it throws.
+class SigpipeIgnored {
+ public:
+  SigpipeIgnored() {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+        (current.sa_flags & SA_SIGINFO) == 0) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      changed_ = ::sigaction(SIGPIPE, &ignore, nullptr) == 0;
+    }
+  }
+  SigpipeIgnored(const SigpipeIgnored&) = delete;
+  SigpipeIgnored& operator=(const SigpipeIgnored&) = delete;
+  ~SigpipeIgnored() {
+    if (changed_) {  // the call threw: as it was
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      ::sigaction(SIGPIPE, &dfl, nullptr);
+    }
+  }
+  void keep() { changed_ = false; }
+
+ private:
+  bool changed_ = false;
+};
+
 }  // namespace
 
 std::chrono::milliseconds default_pg_timeout(const std::string& backend) {
@@ -432,6 +469,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> init_process_group(const ProcessGroupOpti
   TORCH_CHECK_VALUE(timeout.count() > 0, "torchamp::init_process_group: timeout is ",
                     timeout.count(), " ms, not positive");
   device_backends(options.backend());  // a bad or missing backend fails before any rendezvous
+  SigpipeIgnored sigpipe;              // before the rendezvous: TCPStore's sockets too
   Rendezvous r;
   if (options.store()) {
     TORCH_CHECK_VALUE(!options.init_method(),
@@ -467,6 +505,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> init_process_group(const ProcessGroupOpti
   w.backend = options.backend();
   w.timeout = timeout;
   w.group_count = 1;
+  sigpipe.keep();
   return group;
 }
 

@@ -15,9 +15,11 @@
 #include "test_util.h"
 
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -211,6 +213,58 @@ TEST(ProcessGroup, OneRankFormsAGroupAndNewGroupsAndASecondInitChangesNothing) {
   EXPECT_TRUE(again);
   torchamp::destroy_process_group();
   fs::remove(store);
+}
+
+// A dead peer's closed socket must fail the collective, not kill this
+// process by SIGPIPE (exit 141, no message: what torchamp-train's survivors
+// did, now and then, when a rank was killed). init_process_group ignores
+// SIGPIPE as Python's interpreter does, where the program left the default;
+// a program's own handler stays, and a failed call puts the default back.
+TEST(ProcessGroup, SigpipeIsIgnoredWhereTheProgramLeftTheDefault) {
+  const auto handler = [] {
+    struct sigaction now {};
+    ::sigaction(SIGPIPE, nullptr, &now);
+    return now.sa_handler;
+  };
+  const auto set = [](void (*h)(int)) {
+    struct sigaction to {};
+    to.sa_handler = h;
+    sigemptyset(&to.sa_mask);
+    ::sigaction(SIGPIPE, &to, nullptr);
+  };
+  const fs::path store =
+      fs::path(::testing::TempDir()) / ("torchamp-pg-sigpipe-" + std::to_string(::getpid()));
+  fs::remove(store);
+  Env env(Vars{{"GLOO_SOCKET_IFNAME", "lo"}});
+  const auto options =
+      ProcessGroupOptions().init_method("file://" + store.string()).rank(0).world_size(1);
+
+  set(SIG_DFL);  // a failed call: the default stays
+  expect_throws<c10::ValueError>(
+      [&] { torchamp::init_process_group(ProcessGroupOptions(options).init_method("etcd://h:1")); },
+      "No rendezvous handler for etcd://");
+  EXPECT_EQ(handler(), SIG_DFL);
+
+  torchamp::init_process_group(options);
+  EXPECT_EQ(handler(), SIG_IGN);
+  // Writing to a socket whose peer is gone now fails with EPIPE.
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  ::close(fds[1]);
+  const char byte = 0;
+  EXPECT_EQ(::write(fds[0], &byte, 1), -1);
+  EXPECT_EQ(errno, EPIPE);
+  ::close(fds[0]);
+  torchamp::destroy_process_group();
+  fs::remove(store);
+
+  static void (*const own)(int) = [](int) {};
+  set(own);  // the program's own handler is kept
+  torchamp::init_process_group(options);
+  EXPECT_EQ(handler(), own);
+  torchamp::destroy_process_group();
+  fs::remove(store);
+  set(SIG_IGN);
 }
 
 TEST(ProcessGroup, ABadGlooSocketIfnameIsAValueErrorNamingIt) {

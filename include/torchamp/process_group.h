@@ -67,7 +67,10 @@ struct ProcessGroupOptions {
 /// Forms the default process group, as `dist.init_process_group(...)`, and
 /// returns it. Every rank calls it once; it returns when every rank's Gloo
 /// device is connected (or throws, see the file's comment). A second call
-/// before `destroy_process_group()` is a `c10::ValueError`.
+/// before `destroy_process_group()` is a `c10::ValueError`. Where the program
+/// left SIGPIPE's default action it sets `SIG_IGN`, as Python's interpreter
+/// does, so that a dead peer fails a collective instead of killing this
+/// process (docs/distributed.md).
 c10::intrusive_ptr<c10d::ProcessGroup> init_process_group(const ProcessGroupOptions& options = {});
 
 /// `dist.new_group(ranks, timeout, backend)`: another group over the default
