@@ -69,17 +69,40 @@ bool unscale_span(double* p, int64_t n, float inv) {
 // rounding adds no carry and gives a NaN; a finite or infinite input gives no
 // NaN. So NaNs out are exactly NaNs in, and fix_bf16_nans turns them into
 // c10::BFloat16's 0x7FC0 afterwards, only where the check saw an inf/NaN.
+// One word: the check's bits, and the two halves unscaled and rounded.
+__attribute__((always_inline)) inline uint32_t unscale_bf16_pair(uint32_t x, float inv,
+                                                                 uint32_t& bad) {
+  bad |= (x & 0x7f807f80u) + 0x00800080u;
+  const uint32_t bl = bits_of(float_of(x << 16) * inv);
+  const uint32_t bh = bits_of(float_of(x & 0xffff0000u) * inv);
+  // Round to nearest even, each half.
+  return ((bh + 0x7fffu + ((bh >> 16) & 1u)) & 0xffff0000u) |
+         ((bl + 0x7fffu + ((bl >> 16) & 1u)) >> 16);
+}
+
+// A cache line of words at a time, asking for the line kPairsPrefetchBytes
+// ahead: on one thread over 1 GiB the loop (24 vector instructions per 32
+// bytes) kept fewer misses in flight than the plain multiply loop and ran at
+// 0.85 of it (bench_unscale --interleaved); 8 KB ahead it ran at 1.02-1.13
+// of it (issue #41). Spans shorter than twice that distance, which the
+// caches hold or the hardware prefetcher covers, keep the plain loop.
+constexpr int64_t kPairsPerLine = 16;
+constexpr int64_t kPairsPrefetchBytes = 8192;
+
 TORCHAMP_TARGET_CLONES
 bool unscale_bf16_pairs(uint32_t* __restrict w, int64_t n, float inv) {
   uint32_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t x = w[i];
-    bad |= (x & 0x7f807f80u) + 0x00800080u;
-    const uint32_t bl = bits_of(float_of(x << 16) * inv);
-    const uint32_t bh = bits_of(float_of(x & 0xffff0000u) * inv);
-    // Round to nearest even, each half.
-    w[i] = ((bh + 0x7fffu + ((bh >> 16) & 1u)) & 0xffff0000u) |
-           ((bl + 0x7fffu + ((bl >> 16) & 1u)) >> 16);
+  int64_t i = 0;
+  if (n >= 2 * kPairsPrefetchBytes / 4) {
+    for (; i + kPairsPerLine <= n; i += kPairsPerLine) {
+      __builtin_prefetch(w + i + kPairsPrefetchBytes / 4, 1);
+      for (int64_t k = i; k < i + kPairsPerLine; ++k) {
+        w[k] = unscale_bf16_pair(w[k], inv, bad);
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    w[i] = unscale_bf16_pair(w[i], inv, bad);
   }
   return (bad & 0x80008000u) != 0;
 }
