@@ -504,6 +504,22 @@ TORCHAMP_AVX2 inline __m128i narrow_bf16(V8 x) {
   return pack8_u16(_mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan)));
 }
 
+// Large jobs stream four to six arrays at once, more than the hardware
+// prefetcher keeps ahead of on one core: every 32 elements the lines
+// kStreamAhead elements ahead of each are asked for (one line of a 16-bit
+// array, two of a float32 one). On 1 x 64M this took SGD with masters from
+// 0.73-0.79x of float32's step to 0.89-0.91x (bench_optim --interleaved).
+constexpr int64_t kStreamAhead = 2048;   // elements
+constexpr int64_t kStreamMin = 1 << 16;  // a job's piece at least this long
+inline void ahead16(const void* p, int64_t i) {
+  __builtin_prefetch(static_cast<const uint16_t*>(p) + i + kStreamAhead, 1);
+}
+inline void ahead32(const void* p, int64_t i) {
+  const float* f = static_cast<const float*>(p) + i + kStreamAhead;
+  __builtin_prefetch(f, 1);
+  __builtin_prefetch(f + 16, 1);
+}
+
 // A float16 parameter and its float32 master (F16Master, 8 at a time).
 struct F16MasterV8 {
   uint16_t* __restrict p;
@@ -514,6 +530,10 @@ struct F16MasterV8 {
   TORCHAMP_AVX2 static V8 widen(const uint16_t* g) { return widen_f16(g); }
   TORCHAMP_AVX2 static __m128i narrow(V8 x) { return narrow_f16(x); }
   TORCHAMP_AVX2 V8 load(int64_t i) const { return load8(m + i); }
+  void ahead(int64_t i) const {
+    ahead16(p, i);
+    ahead32(m, i);
+  }
   template <class Lanes>
   TORCHAMP_AVX2 void store(int64_t i, V8 x, const Lanes& lanes) {
     lanes.f32(m + i, x);
@@ -534,6 +554,10 @@ struct Bf16MasterV8 {
         r(static_cast<int16_t*>(const_cast<void*>(remainder))) {}
   TORCHAMP_AVX2 static V8 widen(const uint16_t* g) { return widen_bf16(g); }
   TORCHAMP_AVX2 static __m128i narrow(V8 x) { return narrow_bf16(x); }
+  void ahead(int64_t i) const {
+    ahead16(p, i);
+    ahead16(r, i);
+  }
   TORCHAMP_AVX2 V8 load(int64_t i) const {
     const __m256i hi = _mm256_slli_epi32(load8_u16(p + i), 16);
     const __m256i lo =
@@ -589,8 +613,18 @@ TORCHAMP_AVX2 void adam_v8(const AdamJob& j, int64_t b, int64_t e, float grad_sc
     }
     p.store(i, pi, lanes);
   };
+  const bool stream = e - b >= kStreamMin;
   int64_t i = b;
   for (; i + 8 <= e; i += 8) {
+    if (stream && (i - b) % 32 == 0) {
+      p.ahead(i);
+      ahead16(g, i);
+      ahead32(m, i);
+      ahead32(v, i);
+      if (kAmsgrad) {
+        ahead32(vmax, i);
+      }
+    }
     iteration(i, AllLanes());
   }
   if (i < e) {
@@ -618,8 +652,16 @@ TORCHAMP_AVX2 void sgd_v8(const SgdJob& j, int64_t b, int64_t e, float grad_scal
     }
     p.store(i, pi, lanes);
   };
+  const bool stream = e - b >= kStreamMin;
   int64_t i = b;
   for (; i + 8 <= e; i += 8) {
+    if (stream && (i - b) % 32 == 0) {
+      p.ahead(i);
+      ahead16(g, i);
+      if (has_momentum) {
+        ahead32(buf, i);
+      }
+    }
     iteration(i, AllLanes());
   }
   if (i < e) {
