@@ -342,6 +342,17 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
   vs.push_back(scaled_variant<torchamp::optim::AdamW>("fp16-master+scaler",
                                                       make_params(c, at::kHalf), adamw, masters));
   vs.push_back(scaled_variant<torchamp::optim::SGD>("sgd+scaler", make_params(c), sgd));
+  {  // LibTorch's own AdamW under the same scaler: unscale_ pass, then its step
+    auto ps = make_params(c);
+    auto opt = std::make_shared<torch::optim::AdamW>(ps, adamw);
+    auto scaler =
+        std::make_shared<torchamp::GradScaler>(torchamp::GradScalerOptions().init_scale(2.0));
+    auto i = std::make_shared<int64_t>(0);
+    vs.push_back({"libtorch_adamw+scaler", [opt, scaler, i, ps] {
+                    scaler->step(*opt);
+                    scaler->update(((*i)++ & 1) ? 2.0 : 0.5);
+                  }});
+  }
   // Adam and SGD with master weights, against their own float32 steps.
   const auto adam = torch::optim::AdamOptions(1e-3);
   vs.push_back(plain_variant<torchamp::optim::Adam>("adam-fp32", make_params(c), adam));
@@ -402,12 +413,14 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
               speed("bf16-master+scaler", "fp32+scaler"),
               speed("fp16-master+scaler", "fp32+scaler"));
   if (med.count("aten_adamw+scaler")) {
-    std::printf(" %.2f | %.2fx | %.2f | %.2fx |\n", med["aten_adamw+scaler"],
+    std::printf(" %.2f | %.2fx | %.2f | %.2fx |", med["aten_adamw+scaler"],
                 speed("fp32+scaler", "aten_adamw+scaler"), med["aten_sgd+scaler"],
                 speed("sgd+scaler", "aten_sgd+scaler"));
   } else {
-    std::printf(" n/a | n/a | n/a | n/a |\n");
+    std::printf(" n/a | n/a | n/a | n/a |");
   }
+  std::printf(" %.2f | %.2fx |\n", med["libtorch_adamw+scaler"],
+              speed("fp32+scaler", "libtorch_adamw+scaler"));
   char row[256];
   std::snprintf(row, sizeof row, "| %s | %.2f | %.2fx | %.2fx | %.2f | %.2fx | %.2fx |", c.name,
                 med["adam-fp32"], speed("adam-bf16-master", "adam-fp32"),
@@ -422,8 +435,9 @@ void interleaved(int rounds_large, int rounds_small) {
       "speeds as the float32 fused step's time over theirs, ATen's as its time over torchamp's)\n"
       "| case | fp32 AdamW ms | fp32 AdamW+scaler ms | bf16 master | fp16 master | bf16 master "
       "+scaler | fp16 master +scaler | ATen _fused_adamw_+scaler ms | torchamp vs ATen | ATen "
-      "_fused_sgd_+scaler ms | torchamp SGD vs ATen |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|\n",
+      "_fused_sgd_+scaler ms | torchamp SGD vs ATen | LibTorch AdamW+scaler ms | torchamp vs "
+      "LibTorch |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       at::get_num_threads(), TORCH_VERSION);
   std::vector<std::string> others;
   for (const auto& c : kCases) {

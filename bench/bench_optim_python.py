@@ -8,7 +8,9 @@ torch.amp.GradScaler("cpu") (scaler.step + scaler.update, as a training loop
 calls them), on bench_optim's cases (1 x 64M and 10,000 x 100 float32
 parameters), every variant once per round and medians over the rounds, then
 runs `bench_optim --interleaved` (torchamp's AdamW + scaler and ATen's
-_fused_adamw_ driven from C++) and prints both. The scale alternates 2 and
+_fused_adamw_ driven from C++) and prints both, then the README's speed
+table made of them (its "vs" columns: their time over torchamp's; the
+masters': float32's over theirs). The scale alternates 2 and
 0.5 as in bench_optim: a fused step writes the gradients back divided by it.
 """
 import argparse
@@ -61,6 +63,7 @@ def main():
     print()
     print("| case | Python AdamW(fused=True) + GradScaler ms | Python AdamW(foreach=True) + GradScaler ms |")
     print("|---|---|---|")
+    python_fused = {}
     for name, tensors, elements in CASES:
         vs = {"fused": variant(tensors, elements, fused=True),
               "foreach": variant(tensors, elements, foreach=True)}
@@ -73,11 +76,34 @@ def main():
                 ms[k].append((time.perf_counter() - t0) * 1e3)
         print(f"| {name} | {statistics.median(ms['fused']):.2f} | "
               f"{statistics.median(ms['foreach']):.2f} |")
+        python_fused[name] = statistics.median(ms["fused"])
         del vs
     print()
     out = subprocess.run([a.bench_optim, f"--threads={a.threads}", "--interleaved"],
                          check=True, capture_output=True, text=True).stdout
     print("\n".join(line for line in out.splitlines() if line.strip()))
+    readme_table(out, python_fused)
+
+
+def readme_table(out, python_fused):
+    """The README's speed table, from bench_optim's first interleaved table and Python's rows."""
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(header):
+            break  # the next table
+        rows[cells[0]] = dict(zip(header, cells))
+    print()
+    print("| case | torchamp AdamW + scaler | vs LibTorch's AdamW | vs ATen's `_fused_adamw_` | "
+          "vs Python's `AdamW(fused=True)` | bf16 / fp16 masters + scaler, of float32 |")
+    print("|---|---|---|---|---|---|")
+    for name, row in rows.items():
+        ours = float(row["fp32 AdamW+scaler ms"])
+        print(f"| {name} | {ours:.1f} ms | {row['torchamp vs LibTorch']} | "
+              f"{row['torchamp vs ATen']} | {python_fused[name] / ours:.2f}x | "
+              f"{row['bf16 master +scaler']} / {row['fp16 master +scaler']} |")
 
 
 if __name__ == "__main__":
