@@ -508,7 +508,8 @@ TORCHAMP_AVX2 inline __m128i narrow_bf16(V8 x) {
 // prefetcher keeps ahead of on one core: every 32 elements the lines
 // kStreamAhead elements ahead of each are asked for (one line of a 16-bit
 // array, two of a float32 one). On 1 x 64M this took SGD with masters from
-// 0.73-0.79x of float32's step to 0.89-0.91x (bench_optim --interleaved).
+// 0.73-0.79x of float32's step to 0.78-0.97x over four runs (bench_optim
+// --interleaved).
 constexpr int64_t kStreamAhead = 2048;   // elements
 constexpr int64_t kStreamMin = 1 << 16;  // a job's piece at least this long
 inline void ahead16(const void* p, int64_t i) {
