@@ -11,6 +11,7 @@ compares: the parameters after 5 steps bit for bit, and the buckets after the
 rebuild.
 """
 import datetime
+import gc
 import os
 import subprocess
 import sys
@@ -85,5 +86,9 @@ if rank == 0:
     ok = ok and bit_for_bit and py_buckets == cpp_buckets
     print("PASS" if ok else "FAIL")
 dist.barrier()
+# DDP holds the process group: drop it before the interpreter finalises (see
+# consumer_ddp_parity.py: Gloo's work thread reaching for the GIL then aborts).
+del ddp, opt
+gc.collect()
 dist.destroy_process_group()
 sys.exit(0 if ok else 1)
