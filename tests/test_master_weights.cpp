@@ -161,12 +161,13 @@ TEST(MasterWeights, ThousandStepsWithSkipsEqualAFloat32ModelBitForBit) {
 TEST(MasterWeights, VectorPathEqualsTheOnePassLoopOnEveryPattern) {
   // Parameter, gradient and the master's float32 bits of each parameter
   // (a bfloat16 master's: (parameter << 16) + remainder).
-  const auto run = [&](at::ScalarType dtype, bool portable, int which, std::optional<float> scale) {
+  using torchamp::kernels::Isa;
+  const auto run = [&](at::ScalarType dtype, Isa isa, int which, std::optional<float> scale) {
     std::vector<at::Tensor> ps;
     int64_t k = 0;
     // Finite parameters: float16's exponent, or bfloat16's, below all ones.
     const uint32_t finite = dtype == at::kHalf ? 0x7bffu : 0x7f7fu;
-    for (int64_t n : {1, 7, 8, 9, 17, 2047, 2048, 65536 + 3}) {
+    for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 31, 2047, 2048, 65536 + 3}) {
       at::Tensor p = torch::empty({n}, dtype), g = torch::empty({n}, dtype);
       auto* pb = static_cast<uint16_t*>(p.data_ptr());
       auto* gb = static_cast<uint16_t*>(g.data_ptr());
@@ -196,13 +197,16 @@ TEST(MasterWeights, VectorPathEqualsTheOnePassLoopOnEveryPattern) {
       master_of = [o = o.get()](const at::Tensor& p) { return o->master_weight_storage(p); };
       opt = std::move(o);
     }
-    torchamp::kernels::force_portable(portable);
+    const int threads = at::get_num_threads();
+    at::set_num_threads(1);
+    torchamp::kernels::cap_isa(isa);
     for (int step = 0; step < 3; ++step) {
       torchamp::AmpStepArgs args;
       args.grad_scale = scale;
       dynamic_cast<torchamp::StepSupportsAmpScaling&>(*opt).amp_step(args);
     }
     torchamp::kernels::force_portable(false);
+    at::set_num_threads(threads);
     std::vector<at::Tensor> out;
     for (const auto& p : ps) {
       out.push_back(p.detach().view(torch::kShort).clone());
@@ -221,34 +225,54 @@ TEST(MasterWeights, VectorPathEqualsTheOnePassLoopOnEveryPattern) {
     }
     return out;
   };
-  for (const auto dtype : {at::kHalf, at::kBFloat16}) {
-    for (int which = 0; which < 3; ++which) {
-      for (const auto scale : {std::optional<float>(), std::optional<float>(1024.0f)}) {
-        const auto a = run(dtype, true, which, scale);
-        const auto b = run(dtype, false, which, scale);
-        ASSERT_EQ(a.size(), b.size());
-        for (size_t i = 0; i < a.size(); i += 3) {
-          // Gradients bit for bit (every NaN stored in 16 bits is c10's),
-          // float16 parameters too (sign | 0x7E00). A float32 master's NaN
-          // keeps whichever operand's payload the hardware picked, which
-          // IEEE leaves open and compilers reorder (a + b for b + a): any
-          // NaN there equals any other, and so does the bfloat16 parameter
-          // that is the NaN master's high half.
-          const auto both_nan = a[i + 2]
-                                    .view(torch::kFloat)
-                                    .isnan()
-                                    .logical_and(b[i + 2].view(torch::kFloat).isnan());
-          const auto no_nan = torch::zeros(both_nan.sizes(), torch::kBool);
-          const auto& param_nan = dtype == at::kHalf ? no_nan : both_nan;
-          const std::string what = std::string(c10::toString(dtype)) + ", optimizer " +
-                                   std::to_string(which) + (scale ? " unscaling" : "") +
-                                   ", parameter " + std::to_string(i / 3);
-          EXPECT_TRUE(torch::equal(a[i].masked_fill(param_nan, 0), b[i].masked_fill(param_nan, 0)))
-              << what << ": the parameter";
-          EXPECT_TRUE(torch::equal(a[i + 1], b[i + 1])) << what << ": the gradient";
-          EXPECT_TRUE(
-              torch::equal(a[i + 2].masked_fill(both_nan, 0), b[i + 2].masked_fill(both_nan, 0)))
-              << what << ": the master";
+  const auto& cpu = torchamp::kernels::cpu_features();
+  std::vector<Isa> isas;
+  if (cpu.avx2_f16c) {
+    isas.push_back(Isa::avx2);
+  }
+  if (cpu.avx512) {
+    isas.push_back(Isa::avx512);
+  }
+  if (isas.empty()) {
+    GTEST_SKIP() << "this CPU has no vector path for master weights (AVX2 + F16C, AVX-512)";
+  }
+  std::string ran;
+  for (const Isa isa : isas) {
+    ran += std::string(ran.empty() ? "" : " ") + torchamp::kernels::isa_name(isa);
+  }
+  RecordProperty("master_weight_paths", ran);
+  for (const Isa isa : isas) {
+    for (const auto dtype : {at::kHalf, at::kBFloat16}) {
+      for (int which = 0; which < 3; ++which) {
+        for (const auto scale : {std::optional<float>(), std::optional<float>(1024.0f)}) {
+          const auto a = run(dtype, Isa::portable, which, scale);
+          const auto b = run(dtype, isa, which, scale);
+          ASSERT_EQ(a.size(), b.size());
+          for (size_t i = 0; i < a.size(); i += 3) {
+            // Gradients bit for bit (every NaN stored in 16 bits is c10's),
+            // float16 parameters too (sign | 0x7E00). A float32 master's NaN
+            // keeps whichever operand's payload the hardware picked, which
+            // IEEE leaves open and compilers reorder (a + b for b + a): any
+            // NaN there equals any other, and so does the bfloat16 parameter
+            // that is the NaN master's high half.
+            const auto both_nan = a[i + 2]
+                                      .view(torch::kFloat)
+                                      .isnan()
+                                      .logical_and(b[i + 2].view(torch::kFloat).isnan());
+            const auto no_nan = torch::zeros(both_nan.sizes(), torch::kBool);
+            const auto& param_nan = dtype == at::kHalf ? no_nan : both_nan;
+            const std::string what = std::string(torchamp::kernels::isa_name(isa)) + ", " +
+                                     c10::toString(dtype) + ", optimizer " + std::to_string(which) +
+                                     (scale ? " unscaling" : "") + ", parameter " +
+                                     std::to_string(i / 3);
+            EXPECT_TRUE(
+                torch::equal(a[i].masked_fill(param_nan, 0), b[i].masked_fill(param_nan, 0)))
+                << what << ": the parameter";
+            EXPECT_TRUE(torch::equal(a[i + 1], b[i + 1])) << what << ": the gradient";
+            EXPECT_TRUE(
+                torch::equal(a[i + 2].masked_fill(both_nan, 0), b[i + 2].masked_fill(both_nan, 0)))
+                << what << ": the master";
+          }
         }
       }
     }

@@ -75,17 +75,39 @@ bool cpu_supports(at::ScalarType dtype);
 bool unscale_cpu_(c10::ArrayRef<at::Tensor> tensors, float inv_scale,
                   std::vector<uint8_t>* per_tensor_found = nullptr);
 
+/// What this CPU and its OS offer the kernels (CPUID and XGETBV, read once
+/// per process).
+struct CpuFeatures {
+  bool avx2_f16c = false;    // AVX2 and F16C
+  bool avx512 = false;       // AVX512 F, DQ, BW and VL
+  bool avx512_bf16 = false;  // and AVX512_BF16
+};
+const CpuFeatures& cpu_features();
+
+/// The instruction sets of the kernels' run-time dispatch, in order. Every
+/// vector loop gives the portable loop's bits.
+enum class Isa : uint8_t { portable, avx2, avx512 };
+/// The best one a kernel may pick: cpu_features(), capped by `cap_isa`
+/// (tests, benchmarks) or by the environment variable
+/// TORCHAMP_PORTABLE_KERNELS (any value: portable). The portable loops are
+/// the compiler's AVX2 or baseline clones (TORCHAMP_TARGET_CLONES).
+Isa vector_isa();
+void cap_isa(Isa isa);
+Isa isa_cap();
+const char* isa_name(Isa isa);  // "portable", "avx2-f16c", "avx512"
+/// cap_isa(on ? Isa::portable : Isa::avx512), and whether the cap is portable.
+void force_portable(bool on);
+bool portable_forced();
+
 /// The loop `unscale_cpu_` runs for `dtype`: "avx512" (float32) or
 /// "avx512-bf16" (bfloat16, VCVTNE2PS2BF16) where the CPU and OS have
-/// AVX-512 (F, DQ, BW; and AVX512_BF16 for bfloat16), else "portable" (the
-/// compiler's AVX2 or baseline loop). Both give identical bits. The
-/// environment variable TORCHAMP_PORTABLE_KERNELS (any value) or
-/// `force_portable(true)` (tests, benchmarks) picks the portable loops.
+/// AVX-512 (and AVX512_BF16 for bfloat16) and the cap allows it, else
+/// "portable". Both give identical bits.
 const char* unscale_path(at::ScalarType dtype);
-void force_portable(bool on);
-/// Whether the portable loops are forced (above); every kernel file's
-/// dispatch asks.
-bool portable_forced();
+/// The loop the fused optimizer step runs for a parameter of `dtype` with or
+/// without a master weight: isa_name(vector_isa()) for master weights, else
+/// "portable".
+const char* optim_path(at::ScalarType dtype, bool master);
 
 /// Read-only variant: whether any element of any tensor is inf or NaN.
 bool check_cpu(c10::ArrayRef<at::Tensor> tensors, std::vector<uint8_t>* per_tensor_found = nullptr);

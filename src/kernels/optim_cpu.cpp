@@ -3,8 +3,10 @@
 // element in one loop per parameter instead of a chain of ATen operations,
 // with the loss scale's division folded into the gradient read (and the
 // unscaled gradient written back in the same pass, as ATen's fused ops). Built with
-// -O3 -fno-math-errno (so that sqrt vectorises) and cloned for AVX2 like the
-// unscale loops.
+// -O3 -fno-math-errno (so that sqrt vectorises) and -ffp-contract=off (no
+// FMA: every path rounds as the one-pass loop), cloned for AVX2 like the
+// unscale loops; master weights also run in AVX2 + F16C or AVX-512 vectors,
+// picked at run time (vector_isa(), below).
 
 #include "optim_kernels.h"
 
@@ -18,7 +20,6 @@
 #include <cstdint>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
 #include <immintrin.h>
 #define TORCHAMP_X86_F16C 1
 #endif
@@ -358,43 +359,69 @@ SgdLoop loop_for(const SgdJob& j, bool unscale) {
   return sgd_loop_for(j, unscale);
 }
 
-// ---- master weights 8 at a time on AVX2 + F16C ---------------------------
+// ---- master weights in vectors: AVX2 + F16C (8 lanes), AVX-512 (16) -------
 //
 // The one-pass master loops convert in integer arithmetic and are
 // compute-bound where the compiler cannot keep them in vectors: float16's
 // conversions are long (2.4x float32's time on the same bytes), and the
 // bfloat16 ones with a written-back gradient (a scaler's step) stopped the
-// loop vectorising (0.66-0.73x). Where the CPU has AVX2 and F16C (every
-// x86-64 CPU with AVX2 has F16C) both master kinds run 8 elements at a time:
-// the one-pass loop's arithmetic (TORCHAMP_ADAM_ELEMENT, TORCHAMP_SGD_ELEMENT)
-// on V8, the same operations in the same order, so the same bits (tested
-// against the one-pass loops, which TORCHAMP_PORTABLE_KERNELS keeps), with
-// float16 converted by VCVTPH2PS / VCVTPS2PH and bfloat16 by shifts.
+// loop vectorising (0.66-0.73x). Where the CPU has them both master kinds run
+// a vector at a time: the one-pass loop's arithmetic (TORCHAMP_ADAM_ELEMENT,
+// TORCHAMP_SGD_ELEMENT) on vectors of floats, the same operations in the same
+// order, so the same bits (tested against the one-pass loops, which
+// TORCHAMP_PORTABLE_KERNELS keeps), with float16 converted by VCVTPH2PS /
+// VCVTPS2PH and bfloat16 by shifts. One walk (adam_vec, sgd_vec) over two
+// instruction sets (Avx2, Avx512), picked per step by vector_isa(). This file
+// is built with -ffp-contract=off: AVX-512 implies FMA, and a contracted
+// a * b + c rounds once where the portable loop rounds twice.
 #ifdef TORCHAMP_X86_F16C
 #define TORCHAMP_AVX2 __attribute__((target("avx2,f16c")))
+#define TORCHAMP_AVX512 __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl")))
+#define TORCHAMP_INLINE __attribute__((always_inline)) inline
 
-// AVX2 and F16C, and the OS saving AVX state.
-bool detect_avx2_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(1, &a, &b, &c, &d) == 0) {
-    return false;
-  }
-  constexpr unsigned kOsxsave = 1u << 27, kAvx = 1u << 28, kF16cBit = 1u << 29;
-  if ((c & (kOsxsave | kAvx | kF16cBit)) != (kOsxsave | kAvx | kF16cBit)) {
-    return false;
-  }
-  uint32_t lo = 0, hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  if ((lo & 0x6u) != 0x6u || __get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) {
-    return false;
-  }
-  return (b & (1u << 5)) != 0;  // AVX2
+// GCC 12's AVX-512 intrinsics start some vectors from _mm512_undefined_*(),
+// which -Wall reports as uninitialised inside its own header. The walk's
+// helpers below take and return vectors without a target of their own:
+// always inlined into a function with one, they have no ABI to change
+// (-Wpsabi).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+// Large jobs stream four to six arrays at once, more than the hardware
+// prefetcher keeps ahead of on one core: every 32 elements the lines
+// kStreamAhead elements ahead of each are asked for (one line of a 16-bit
+// array, two of a float32 one). On 1 x 64M this took SGD with masters from
+// 0.73-0.79x of float32's step to 0.78-0.97x over four runs (bench_optim
+// --interleaved, AVX2).
+constexpr int64_t kStreamAhead = 2048;   // elements
+constexpr int64_t kStreamMin = 1 << 16;  // a job's piece at least this long
+inline void ahead16(const void* p, int64_t i) {
+  __builtin_prefetch(static_cast<const uint16_t*>(p) + i + kStreamAhead, 1);
 }
-const bool kAvx2F16c = detect_avx2_f16c();
+inline void ahead32(const void* p, int64_t i) {
+  const float* f = static_cast<const float*>(p) + i + kStreamAhead;
+  __builtin_prefetch(f, 1);
+  __builtin_prefetch(f + 16, 1);
+}
 
-// Eight floats, with the operators TORCHAMP_ADAM_ELEMENT and
-// TORCHAMP_SGD_ELEMENT use: each one IEEE operation, as the scalar ones
-// (and no contraction into FMAs: the target has none).
+// An instruction set, as the walk below uses it:
+//   V, H           kWidth floats; kWidth 16-bit values;
+//   V's operators  +, *, /, maximum, sqrt_of: each one IEEE operation, as
+//                  the scalar ones;
+//   splat(x)       x rounded to float (exactly for a float) and broadcast;
+//   {widen,narrow}_{f16,bf16}  c10::Half's and c10::BFloat16's conversions;
+//   join_bf16(p, r), split_bf16(x, p, r)  a bfloat16 master's float32 bits
+//                  from and to its parameter and remainder (Bf16Master);
+//   All, tail_lanes(n)  where an iteration loads and stores: every lane, or
+//                  a job's last n < kWidth elements, starting at
+//                  tail_start(i, e); kMasked: a job of any length can be
+//                  walked (else shorter than kWidth takes the one-pass loop).
+
+// AVX2 + F16C: 8 lanes.
 struct V8 {
   __m256 v;
 };
@@ -414,295 +441,419 @@ TORCHAMP_AVX2 inline V8 maximum(V8 a, V8 b) {
 TORCHAMP_AVX2 inline V8 sqrt_of(V8 a) {
   return {_mm256_sqrt_ps(a.v)};
 }
-// A constant rounded to float (exactly for a float) and broadcast.
-TORCHAMP_AVX2 inline V8 splat_float(double x) {
-  return {_mm256_set1_ps(static_cast<float>(x))};
-}
-TORCHAMP_AVX2 inline V8 load8(const float* p) {
-  return {_mm256_loadu_ps(p)};
-}
-TORCHAMP_AVX2 inline void store8(float* p, V8 x) {
-  _mm256_storeu_ps(p, x.v);
-}
-TORCHAMP_AVX2 inline __m256i load8_u16(const void* p) {  // zero-extended to 32 bits
-  return _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
-}
-// The low 16 bits of each 32-bit lane (each at most 0xFFFF), packed.
-TORCHAMP_AVX2 inline __m128i pack8_u16(__m256i x) {
-  return _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
-}
 
-// Where a vector iteration stores: all 8 lanes (AllLanes), or, for a job's
-// last n < 8 elements, the last n lanes of the 8 ending there (LastLanes):
-// the others, elements this call has already updated, are stored back as
-// they are in memory. So the tail takes the same vector loop, in one
-// iteration, instead of a second call and a scalar loop's set-up (4% of a
-// step on tensors of a hundred elements).
-struct AllLanes {
-  TORCHAMP_AVX2 void f32(float* p, V8 x) const { store8(p, x); }
-  TORCHAMP_AVX2 void u16(void* p, __m128i x) const {
-    _mm_storeu_si128(static_cast<__m128i*>(p), x);
+struct Avx2 {
+  using V = V8;
+  using H = __m128i;
+  static constexpr int64_t kWidth = 8;
+  static constexpr bool kMasked = false;
+
+  TORCHAMP_AVX2 static V splat(double x) { return {_mm256_set1_ps(static_cast<float>(x))}; }
+  // The low 16 bits of each 32-bit lane (each at most 0xFFFF), packed.
+  TORCHAMP_AVX2 static H pack(__m256i x) {
+    return _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
   }
+  // VCVTPH2PS is exact; it quiets a signalling NaN (sets the mantissa's top
+  // bit) where f16_to_float keeps the payload, which no result shows: the
+  // update's first arithmetic on the value quiets it the same way, and every
+  // stored NaN is narrowed to sign | 0x7E00.
+  TORCHAMP_AVX2 static V widen_f16(H h) { return {_mm256_cvtph_ps(h)}; }
+  // VCVTPS2PH rounds to nearest even as float_to_f16 does, subnormals and
+  // overflow to inf included, but keeps a NaN's payload; float_to_f16 gives
+  // sign | 0x7E00.
+  TORCHAMP_AVX2 static H narrow_f16(V x) {
+    const __m256 f = x.v;
+    H h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+    if (_mm256_movemask_ps(nan) != 0) {
+      const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(f), 16),
+                                            _mm256_set1_epi32(0x8000));
+      h = pack(_mm256_blendv_epi8(_mm256_cvtepu16_epi32(h),
+                                  _mm256_or_si256(sign, _mm256_set1_epi32(0x7e00)),
+                                  _mm256_castps_si256(nan)));
+    }
+    return h;
+  }
+  TORCHAMP_AVX2 static V widen_bf16(H h) {  // bf16_to_float
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))};
+  }
+  // float_to_bf16: (b + 0x7FFF + ((b >> 16) & 1)) >> 16, NaN -> 0x7FC0.
+  TORCHAMP_AVX2 static H narrow_bf16(V x) {
+    const __m256i b = _mm256_castps_si256(x.v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256 nan = _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q);
+    return pack(_mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan)));
+  }
+  TORCHAMP_AVX2 static V join_bf16(H p, H r) {
+    const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(p), 16);
+    return {_mm256_castsi256_ps(_mm256_add_epi32(hi, _mm256_cvtepi16_epi32(r)))};
+  }
+  TORCHAMP_AVX2 static void split_bf16(V x, H& p, H& r) {
+    const __m256i b = _mm256_castps_si256(x.v);
+    p = pack(_mm256_srli_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x8000)), 16));
+    r = pack(_mm256_and_si256(b, _mm256_set1_epi32(0xffff)));
+  }
+
+  struct All {
+    TORCHAMP_AVX2 V loadf(const float* p) const { return {_mm256_loadu_ps(p)}; }
+    TORCHAMP_AVX2 H loadh(const void* p) const {
+      return _mm_loadu_si128(static_cast<const __m128i*>(p));
+    }
+    TORCHAMP_AVX2 void storef(float* p, V x) const { _mm256_storeu_ps(p, x.v); }
+    TORCHAMP_AVX2 void storeh(void* p, H x) const { _mm_storeu_si128(static_cast<__m128i*>(p), x); }
+  };
+  // A job's last n < 8 elements: the 8 ending at e, of which only the last n
+  // lanes are stored; the others, elements this call has already updated,
+  // are stored back as they are in memory. So the tail takes the same vector
+  // loop, in one iteration, instead of a second call and a scalar loop's
+  // set-up (4% of a step on tensors of a hundred elements).
+  struct Last : All {
+    __m256 live32;
+    __m128i live16;
+    TORCHAMP_AVX2 explicit Last(int64_t n) {
+      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      const __m256i live = _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(static_cast<int>(7 - n)));
+      live32 = _mm256_castsi256_ps(live);
+      live16 = _mm_packs_epi32(_mm256_castsi256_si128(live), _mm256_extracti128_si256(live, 1));
+    }
+    TORCHAMP_AVX2 void storef(float* p, V x) const {
+      _mm256_storeu_ps(p, _mm256_blendv_ps(_mm256_loadu_ps(p), x.v, live32));
+    }
+    TORCHAMP_AVX2 void storeh(void* p, H x) const {
+      auto* q = static_cast<__m128i*>(p);
+      _mm_storeu_si128(q, _mm_blendv_epi8(_mm_loadu_si128(q), x, live16));
+    }
+  };
+  static int64_t tail_start(int64_t /*i*/, int64_t e) { return e - kWidth; }
+  TORCHAMP_AVX2 static Last tail_lanes(int64_t n) { return Last(n); }
 };
-struct LastLanes {
-  __m256 live32;
-  __m128i live16;
-  TORCHAMP_AVX2 explicit LastLanes(int64_t n) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i live = _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(static_cast<int>(7 - n)));
-    live32 = _mm256_castsi256_ps(live);
-    live16 = _mm_packs_epi32(_mm256_castsi256_si128(live), _mm256_extracti128_si256(live, 1));
-  }
-  TORCHAMP_AVX2 void f32(float* p, V8 x) const {
-    store8(p, {_mm256_blendv_ps(_mm256_loadu_ps(p), x.v, live32)});
-  }
-  TORCHAMP_AVX2 void u16(void* p, __m128i x) const {
-    auto* q = static_cast<__m128i*>(p);
-    _mm_storeu_si128(q, _mm_blendv_epi8(_mm_loadu_si128(q), x, live16));
-  }
+
+// AVX-512 (F, BW, DQ, VL): 16 lanes, and a job's last n < 16 elements in one
+// masked iteration (masked-off lanes are neither read nor written).
+struct V16 {
+  __m512 v;
+};
+TORCHAMP_AVX512 inline V16 operator+(V16 a, V16 b) {
+  return {_mm512_add_ps(a.v, b.v)};
+}
+TORCHAMP_AVX512 inline V16 operator*(V16 a, V16 b) {
+  return {_mm512_mul_ps(a.v, b.v)};
+}
+TORCHAMP_AVX512 inline V16 operator/(V16 a, V16 b) {
+  return {_mm512_div_ps(a.v, b.v)};
+}
+TORCHAMP_AVX512 inline V16 maximum(V16 a, V16 b) {  // as V8's
+  return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), a.v, b.v)};
+}
+TORCHAMP_AVX512 inline V16 sqrt_of(V16 a) {
+  return {_mm512_sqrt_ps(a.v)};
+}
+
+// 16 16-bit values (a struct, as V16: the walk's helpers pass them without
+// an AVX target of their own, which clang refuses for a bare __m256i).
+struct H16 {
+  __m256i v;
 };
 
-// float16 -> float. VCVTPH2PS is exact; it quiets a signalling NaN (sets the
-// mantissa's top bit) where f16_to_float keeps the payload, which no result
-// shows: the update's first arithmetic on the value quiets it the same way,
-// and every stored NaN is narrowed to sign | 0x7E00.
-TORCHAMP_AVX2 inline V8 widen_f16(const uint16_t* p) {
-  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
-}
+struct Avx512 {
+  using V = V16;
+  using H = H16;
+  static constexpr int64_t kWidth = 16;
+  static constexpr bool kMasked = true;
 
-// float -> float16. VCVTPS2PH rounds to nearest even as float_to_f16 does,
-// subnormals and overflow to inf included, but keeps a NaN's payload;
-// float_to_f16 gives sign | 0x7E00.
-TORCHAMP_AVX2 inline __m128i narrow_f16(V8 x) {
-  const __m256 f = x.v;
-  __m128i h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
-  if (_mm256_movemask_ps(nan) != 0) {
-    const __m256i sign =
-        _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(f), 16), _mm256_set1_epi32(0x8000));
-    h = pack8_u16(_mm256_blendv_epi8(_mm256_cvtepu16_epi32(h),
-                                     _mm256_or_si256(sign, _mm256_set1_epi32(0x7e00)),
-                                     _mm256_castps_si256(nan)));
+  TORCHAMP_AVX512 static V splat(double x) { return {_mm512_set1_ps(static_cast<float>(x))}; }
+  TORCHAMP_AVX512 static V widen_f16(H h) { return {_mm512_cvtph_ps(h.v)}; }  // as Avx2's
+  TORCHAMP_AVX512 static H narrow_f16(V x) {                                  // as Avx2's
+    __m256i h = _mm512_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q);
+    if (nan != 0) {
+      const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(x.v), 16),
+                                            _mm512_set1_epi32(0x8000));
+      h = _mm256_mask_blend_epi16(
+          nan, h, _mm512_cvtepi32_epi16(_mm512_or_si512(sign, _mm512_set1_epi32(0x7e00))));
+    }
+    return {h};
   }
-  return h;
-}
+  TORCHAMP_AVX512 static V widen_bf16(H h) {
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h.v), 16))};
+  }
+  TORCHAMP_AVX512 static H narrow_bf16(V x) {  // as Avx2's
+    const __m512i b = _mm512_castps_si512(x.v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    return {_mm256_mask_blend_epi16(_mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q),
+                                    _mm512_cvtepi32_epi16(r), _mm256_set1_epi16(0x7fc0))};
+  }
+  TORCHAMP_AVX512 static V join_bf16(H p, H r) {
+    const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(p.v), 16);
+    return {_mm512_castsi512_ps(_mm512_add_epi32(hi, _mm512_cvtepi16_epi32(r.v)))};
+  }
+  // VPMOVDW keeps each lane's low 16 bits: the modulo-2^16 halves.
+  TORCHAMP_AVX512 static void split_bf16(V x, H& p, H& r) {
+    const __m512i b = _mm512_castps_si512(x.v);
+    p.v = _mm512_cvtepi32_epi16(
+        _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x8000)), 16));
+    r.v = _mm512_cvtepi32_epi16(b);
+  }
 
-// bfloat16 -> float (exact): bf16_to_float.
-TORCHAMP_AVX2 inline V8 widen_bf16(const uint16_t* p) {
-  return {_mm256_castsi256_ps(_mm256_slli_epi32(load8_u16(p), 16))};
-}
+  struct All {
+    TORCHAMP_AVX512 V loadf(const float* p) const { return {_mm512_loadu_ps(p)}; }
+    TORCHAMP_AVX512 H loadh(const void* p) const {
+      return {_mm256_loadu_si256(static_cast<const __m256i*>(p))};
+    }
+    TORCHAMP_AVX512 void storef(float* p, V x) const { _mm512_storeu_ps(p, x.v); }
+    TORCHAMP_AVX512 void storeh(void* p, H x) const {
+      _mm256_storeu_si256(static_cast<__m256i*>(p), x.v);
+    }
+  };
+  struct Masked {
+    __mmask16 k;
+    TORCHAMP_AVX512 V loadf(const float* p) const { return {_mm512_maskz_loadu_ps(k, p)}; }
+    TORCHAMP_AVX512 H loadh(const void* p) const { return {_mm256_maskz_loadu_epi16(k, p)}; }
+    TORCHAMP_AVX512 void storef(float* p, V x) const { _mm512_mask_storeu_ps(p, k, x.v); }
+    TORCHAMP_AVX512 void storeh(void* p, H x) const { _mm256_mask_storeu_epi16(p, k, x.v); }
+  };
+  static int64_t tail_start(int64_t i, int64_t /*e*/) { return i; }
+  static Masked tail_lanes(int64_t n) { return {static_cast<__mmask16>((1u << n) - 1)}; }
+};
 
-// float -> bfloat16: float_to_bf16, (b + 0x7FFF + ((b >> 16) & 1)) >> 16,
-// NaN -> 0x7FC0.
-TORCHAMP_AVX2 inline __m128i narrow_bf16(V8 x) {
-  const __m256i b = _mm256_castps_si256(x.v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  const __m256i r =
-      _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256 nan = _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q);
-  return pack8_u16(_mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan)));
-}
-
-// Large jobs stream four to six arrays at once, more than the hardware
-// prefetcher keeps ahead of on one core: every 32 elements the lines
-// kStreamAhead elements ahead of each are asked for (one line of a 16-bit
-// array, two of a float32 one). On 1 x 64M this took SGD with masters from
-// 0.73-0.79x of float32's step to 0.78-0.97x over four runs (bench_optim
-// --interleaved).
-constexpr int64_t kStreamAhead = 2048;   // elements
-constexpr int64_t kStreamMin = 1 << 16;  // a job's piece at least this long
-inline void ahead16(const void* p, int64_t i) {
-  __builtin_prefetch(static_cast<const uint16_t*>(p) + i + kStreamAhead, 1);
-}
-inline void ahead32(const void* p, int64_t i) {
-  const float* f = static_cast<const float*>(p) + i + kStreamAhead;
-  __builtin_prefetch(f, 1);
-  __builtin_prefetch(f + 16, 1);
-}
-
-// A float16 parameter and its float32 master (F16Master, 8 at a time).
-struct F16MasterV8 {
+// A float16 parameter and its float32 master (F16Master, a vector at a time).
+template <class I>
+struct F16MasterVec {
+  using V = typename I::V;
+  using H = typename I::H;
   uint16_t* __restrict p;
   float* __restrict m;
-  F16MasterV8(const void* param, const void* master)
+  F16MasterVec(const void* param, const void* master)
       : p(static_cast<uint16_t*>(const_cast<void*>(param))),
         m(static_cast<float*>(const_cast<void*>(master))) {}
-  TORCHAMP_AVX2 static V8 widen(const uint16_t* g) { return widen_f16(g); }
-  TORCHAMP_AVX2 static __m128i narrow(V8 x) { return narrow_f16(x); }
-  TORCHAMP_AVX2 V8 load(int64_t i) const { return load8(m + i); }
+  static TORCHAMP_INLINE V widen(const H& g) { return I::widen_f16(g); }
+  template <class L>
+  static TORCHAMP_INLINE void store_grad(uint16_t* g, const V& x, const L& lanes) {
+    lanes.storeh(g, I::narrow_f16(x));
+  }
+  template <class L>
+  TORCHAMP_INLINE V load(int64_t i, const L& lanes) const {
+    return lanes.loadf(m + i);
+  }
+  template <class L>
+  TORCHAMP_INLINE void store(int64_t i, const V& x, const L& lanes) {
+    lanes.storef(m + i, x);
+    lanes.storeh(p + i, I::narrow_f16(x));
+  }
   void ahead(int64_t i) const {
     ahead16(p, i);
     ahead32(m, i);
   }
-  template <class Lanes>
-  TORCHAMP_AVX2 void store(int64_t i, V8 x, const Lanes& lanes) {
-    lanes.f32(m + i, x);
-    lanes.u16(p + i, narrow_f16(x));
-  }
 };
 
-// A bfloat16 parameter and its remainder (Bf16Master, 8 at a time): the
-// master's bits are (param << 16) + remainder; stored, the parameter is
+// A bfloat16 parameter and its remainder (Bf16Master, a vector at a time):
+// the master's bits are (param << 16) + remainder; stored, the parameter is
 // (bits + 0x8000) >> 16 (the high half, plus one where the low half is
 // 0x8000 or more, modulo 2^16 as Bf16Master's uint16_t) and the remainder
 // the low half.
-struct Bf16MasterV8 {
+template <class I>
+struct Bf16MasterVec {
+  using V = typename I::V;
+  using H = typename I::H;
   uint16_t* __restrict p;
   int16_t* __restrict r;
-  Bf16MasterV8(const void* param, const void* remainder)
+  Bf16MasterVec(const void* param, const void* remainder)
       : p(static_cast<uint16_t*>(const_cast<void*>(param))),
         r(static_cast<int16_t*>(const_cast<void*>(remainder))) {}
-  TORCHAMP_AVX2 static V8 widen(const uint16_t* g) { return widen_bf16(g); }
-  TORCHAMP_AVX2 static __m128i narrow(V8 x) { return narrow_bf16(x); }
+  static TORCHAMP_INLINE V widen(const H& g) { return I::widen_bf16(g); }
+  template <class L>
+  static TORCHAMP_INLINE void store_grad(uint16_t* g, const V& x, const L& lanes) {
+    lanes.storeh(g, I::narrow_bf16(x));
+  }
+  template <class L>
+  TORCHAMP_INLINE V load(int64_t i, const L& lanes) const {
+    return I::join_bf16(lanes.loadh(p + i), lanes.loadh(r + i));
+  }
+  template <class L>
+  TORCHAMP_INLINE void store(int64_t i, const V& x, const L& lanes) {
+    H hi, lo;
+    I::split_bf16(x, hi, lo);
+    lanes.storeh(p + i, hi);
+    lanes.storeh(r + i, lo);
+  }
   void ahead(int64_t i) const {
     ahead16(p, i);
     ahead16(r, i);
   }
-  TORCHAMP_AVX2 V8 load(int64_t i) const {
-    const __m256i hi = _mm256_slli_epi32(load8_u16(p + i), 16);
-    const __m256i lo =
-        _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + i)));
-    return {_mm256_castsi256_ps(_mm256_add_epi32(hi, lo))};
-  }
-  template <class Lanes>
-  TORCHAMP_AVX2 void store(int64_t i, V8 x, const Lanes& lanes) {
-    const __m256i b = _mm256_castps_si256(x.v);
-    lanes.u16(p + i,
-              pack8_u16(_mm256_srli_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x8000)), 16)));
-    lanes.u16(r + i, pack8_u16(_mm256_and_si256(b, _mm256_set1_epi32(0xffff))));
-  }
 };
 
-// read_grad on 8 16-bit gradients: divided by the scale and written back
-// divided (kUnscale), else as they are.
-template <class MV, bool kUnscale, class Lanes>
-TORCHAMP_AVX2 inline V8 read_grad8(uint16_t* g, V8 scale, const Lanes& lanes) {
-  V8 x = MV::widen(g);
+// read_grad on a vector of 16-bit gradients: divided by the scale and
+// written back divided (kUnscale), else as they are.
+template <class MV, bool kUnscale, class L>
+TORCHAMP_INLINE typename MV::V read_grad_vec(uint16_t* g, const typename MV::V& scale,
+                                             const L& lanes) {
+  typename MV::V x = MV::widen(lanes.loadh(g));
   if (kUnscale) {
     x = x / scale;
-    lanes.u16(g, MV::narrow(x));
+    MV::store_grad(g, x, lanes);
   }
   return x;
 }
 
-// A master-weight Adam/AdamW job over [b, e): the one-pass loop's arithmetic
-// on 8 elements at a time, its constants rounded to float as there, the
-// last e - b mod 8 elements in one more iteration on the 8 ending at e
-// (LastLanes); a job of fewer than 8 elements takes the one-pass loop.
-template <class MV, bool kDecoupled, bool kAmsgrad, bool kUnscale>
-TORCHAMP_AVX2 void adam_v8(const AdamJob& j, int64_t b, int64_t e, float grad_scale) {
-  if (e - b < 8) {
-    adam_loop_for(j, kUnscale)(j, b, e, grad_scale);
-    return;
+// Walks a master job's [b, e) a vector at a time, `iteration(i, lanes)` on
+// each, the tail as the instruction set says, asking for each array's lines
+// ahead on long pieces (`ahead(i)`); false (nothing done) where the piece is
+// too short for an unmasked set.
+template <class I, class Iteration, class Ahead>
+TORCHAMP_INLINE bool walk(int64_t b, int64_t e, const Iteration& iteration, const Ahead& ahead) {
+  if (!I::kMasked && e - b < I::kWidth) {
+    return false;
   }
+  const bool stream = e - b >= kStreamMin;
+  int64_t i = b;
+  for (; i + I::kWidth <= e; i += I::kWidth) {
+    if (stream && (i - b) % 32 == 0) {
+      ahead(i);
+    }
+    iteration(i, typename I::All());
+  }
+  if (i < e) {
+    iteration(I::tail_start(i, e), I::tail_lanes(e - i));
+  }
+  return true;
+}
+
+// A master-weight Adam/AdamW job over [b, e): the one-pass loop's arithmetic
+// a vector at a time, its constants rounded to float as there.
+template <class I, class MV, bool kDecoupled, bool kAmsgrad, bool kUnscale>
+TORCHAMP_INLINE void adam_vec(const AdamJob& j, int64_t b, int64_t e, float grad_scale) {
+  using V = typename I::V;
   MV p(j.param, j.master);
   auto* __restrict g = static_cast<uint16_t*>(j.grad);
   auto* __restrict m = static_cast<float*>(j.exp_avg);
   auto* __restrict v = static_cast<float*>(j.exp_avg_sq);
   auto* __restrict vmax = static_cast<float*>(j.max_exp_avg_sq);
-  TORCHAMP_ADAM_CONSTANTS(V8, splat_float);
+  TORCHAMP_ADAM_CONSTANTS(V, I::splat);
   const auto iteration = [&](int64_t i, const auto& lanes) __attribute__((always_inline)) {
-    V8 gi = read_grad8<MV, kUnscale>(g + i, scale, lanes);
-    V8 pi = p.load(i), mi = load8(m + i), vi = load8(v + i);
-    V8 vmi = kAmsgrad ? load8(vmax + i) : V8{};
+    V gi = read_grad_vec<MV, kUnscale>(g + i, scale, lanes);
+    V pi = p.load(i, lanes), mi = lanes.loadf(m + i), vi = lanes.loadf(v + i);
+    V vmi = kAmsgrad ? lanes.loadf(vmax + i) : V{};
     TORCHAMP_ADAM_ELEMENT(gi, pi, mi, vi, vmi);
-    lanes.f32(m + i, mi);
-    lanes.f32(v + i, vi);
+    lanes.storef(m + i, mi);
+    lanes.storef(v + i, vi);
     if (kAmsgrad) {
-      lanes.f32(vmax + i, vmi);
+      lanes.storef(vmax + i, vmi);
     }
     p.store(i, pi, lanes);
   };
-  const bool stream = e - b >= kStreamMin;
-  int64_t i = b;
-  for (; i + 8 <= e; i += 8) {
-    if (stream && (i - b) % 32 == 0) {
-      p.ahead(i);
-      ahead16(g, i);
-      ahead32(m, i);
-      ahead32(v, i);
-      if (kAmsgrad) {
-        ahead32(vmax, i);
-      }
+  const auto ahead = [&](int64_t i) __attribute__((always_inline)) {
+    p.ahead(i);
+    ahead16(g, i);
+    ahead32(m, i);
+    ahead32(v, i);
+    if (kAmsgrad) {
+      ahead32(vmax, i);
     }
-    iteration(i, AllLanes());
-  }
-  if (i < e) {
-    iteration(e - 8, LastLanes(e - i));
+  };
+  if (!walk<I>(b, e, iteration, ahead)) {
+    adam_loop_for(j, kUnscale)(j, b, e, grad_scale);
   }
 }
 
-template <class MV, bool kUnscale>
-TORCHAMP_AVX2 void sgd_v8(const SgdJob& j, int64_t b, int64_t e, float grad_scale) {
-  if (e - b < 8) {
-    sgd_loop_for(j, kUnscale)(j, b, e, grad_scale);
-    return;
-  }
+template <class I, class MV, bool kUnscale>
+TORCHAMP_INLINE void sgd_vec(const SgdJob& j, int64_t b, int64_t e, float grad_scale) {
+  using V = typename I::V;
   MV p(j.param, j.master);
   auto* __restrict g = static_cast<uint16_t*>(j.grad);
   auto* __restrict buf = static_cast<float*>(j.momentum_buffer);
-  TORCHAMP_SGD_CONSTANTS(V8, splat_float);
+  TORCHAMP_SGD_CONSTANTS(V, I::splat);
   const auto iteration = [&](int64_t i, const auto& lanes) __attribute__((always_inline)) {
-    V8 d = read_grad8<MV, kUnscale>(g + i, scale, lanes);
-    V8 pi = p.load(i);
-    V8 bi = has_momentum && !first ? load8(buf + i) : V8{};
+    V d = read_grad_vec<MV, kUnscale>(g + i, scale, lanes);
+    V pi = p.load(i, lanes);
+    V bi = has_momentum && !first ? lanes.loadf(buf + i) : V{};
     TORCHAMP_SGD_ELEMENT(d, pi, bi);
     if (has_momentum) {
-      lanes.f32(buf + i, bi);
+      lanes.storef(buf + i, bi);
     }
     p.store(i, pi, lanes);
   };
-  const bool stream = e - b >= kStreamMin;
-  int64_t i = b;
-  for (; i + 8 <= e; i += 8) {
-    if (stream && (i - b) % 32 == 0) {
-      p.ahead(i);
-      ahead16(g, i);
-      if (has_momentum) {
-        ahead32(buf, i);
-      }
+  const auto ahead = [&](int64_t i) __attribute__((always_inline)) {
+    p.ahead(i);
+    ahead16(g, i);
+    if (has_momentum) {
+      ahead32(buf, i);
     }
-    iteration(i, AllLanes());
-  }
-  if (i < e) {
-    iteration(e - 8, LastLanes(e - i));
+  };
+  if (!walk<I>(b, e, iteration, ahead)) {
+    sgd_loop_for(j, kUnscale)(j, b, e, grad_scale);
   }
 }
 
-#define TORCHAMP_ADAM_V8_ROW(MV)                                            \
-  {                                                                         \
-    {{adam_v8<MV, false, false, false>, adam_v8<MV, false, false, true>},   \
-     {adam_v8<MV, false, true, false>, adam_v8<MV, false, true, true>}},    \
-        {{adam_v8<MV, true, false, false>, adam_v8<MV, true, false, true>}, \
-         {adam_v8<MV, true, true, false>, adam_v8<MV, true, true, true>}},  \
+// The walks compiled for each instruction set (the walk above is inlined
+// into a function with that target).
+template <class MV, bool kDecoupled, bool kAmsgrad, bool kUnscale>
+TORCHAMP_AVX2 void adam_avx2(const AdamJob& j, int64_t b, int64_t e, float s) {
+  adam_vec<Avx2, MV, kDecoupled, kAmsgrad, kUnscale>(j, b, e, s);
+}
+template <class MV, bool kDecoupled, bool kAmsgrad, bool kUnscale>
+TORCHAMP_AVX512 void adam_avx512(const AdamJob& j, int64_t b, int64_t e, float s) {
+  adam_vec<Avx512, MV, kDecoupled, kAmsgrad, kUnscale>(j, b, e, s);
+}
+template <class MV, bool kUnscale>
+TORCHAMP_AVX2 void sgd_avx2(const SgdJob& j, int64_t b, int64_t e, float s) {
+  sgd_vec<Avx2, MV, kUnscale>(j, b, e, s);
+}
+template <class MV, bool kUnscale>
+TORCHAMP_AVX512 void sgd_avx512(const SgdJob& j, int64_t b, int64_t e, float s) {
+  sgd_vec<Avx512, MV, kUnscale>(j, b, e, s);
+}
+#pragma GCC diagnostic pop
+
+#define TORCHAMP_ADAM_VEC_ROW(F, MV)                            \
+  {                                                             \
+    {{F<MV, false, false, false>, F<MV, false, false, true>},   \
+     {F<MV, false, true, false>, F<MV, false, true, true>}},    \
+        {{F<MV, true, false, false>, F<MV, true, false, true>}, \
+         {F<MV, true, true, false>, F<MV, true, true, true>}},  \
+  }
+#define TORCHAMP_ADAM_VEC_ISA(F, I) \
+  { TORCHAMP_ADAM_VEC_ROW(F, Bf16MasterVec<I>), TORCHAMP_ADAM_VEC_ROW(F, F16MasterVec<I>) }
+#define TORCHAMP_SGD_VEC_ISA(F, I)                             \
+  {                                                            \
+    {F<Bf16MasterVec<I>, false>, F<Bf16MasterVec<I>, true>}, { \
+      F<F16MasterVec<I>, false>, F<F16MasterVec<I>, true>      \
+    }                                                          \
   }
 
-// The loop for a master job: [float16][decoupled][amsgrad][unscale].
-AdamLoop v8_loop_for(const AdamJob& j, bool unscale) {
-  static const AdamLoop kLoops[2][2][2][2] = {TORCHAMP_ADAM_V8_ROW(Bf16MasterV8),
-                                              TORCHAMP_ADAM_V8_ROW(F16MasterV8)};
-  return kLoops[j.dtype == at::kHalf][j.decoupled][j.max_exp_avg_sq != nullptr][unscale];
+// The loop for a master job on `isa` (avx2 or avx512):
+// [avx512][float16][decoupled][amsgrad][unscale].
+AdamLoop vec_loop_for(Isa isa, const AdamJob& j, bool unscale) {
+  static const AdamLoop kLoops[2][2][2][2][2] = {TORCHAMP_ADAM_VEC_ISA(adam_avx2, Avx2),
+                                                 TORCHAMP_ADAM_VEC_ISA(adam_avx512, Avx512)};
+  return kLoops[isa == Isa::avx512][j.dtype == at::kHalf][j.decoupled][j.max_exp_avg_sq != nullptr]
+               [unscale];
 }
-#undef TORCHAMP_ADAM_V8_ROW
-SgdLoop v8_loop_for(const SgdJob& j, bool unscale) {
-  static const SgdLoop kLoops[2][2] = {{sgd_v8<Bf16MasterV8, false>, sgd_v8<Bf16MasterV8, true>},
-                                       {sgd_v8<F16MasterV8, false>, sgd_v8<F16MasterV8, true>}};
-  return kLoops[j.dtype == at::kHalf][unscale];
+SgdLoop vec_loop_for(Isa isa, const SgdJob& j, bool unscale) {
+  static const SgdLoop kLoops[2][2][2] = {TORCHAMP_SGD_VEC_ISA(sgd_avx2, Avx2),
+                                          TORCHAMP_SGD_VEC_ISA(sgd_avx512, Avx512)};
+  return kLoops[isa == Isa::avx512][j.dtype == at::kHalf][unscale];
 }
+#undef TORCHAMP_SGD_VEC_ISA
+#undef TORCHAMP_ADAM_VEC_ISA
+#undef TORCHAMP_ADAM_VEC_ROW
 #else
-constexpr bool kAvx2F16c = false;
 template <class Job>
-auto v8_loop_for(const Job& j, bool unscale) {
+auto vec_loop_for(Isa /*isa*/, const Job& j, bool unscale) {
   return loop_for(j, unscale);
 }
 #endif
 
-// A job's elements [b, e): master weights 8 at a time where the CPU has AVX2
-// and F16C (and the portable loops are not forced), everything else one-pass.
+// A job's elements [b, e): master weights a vector at a time where the CPU
+// has AVX2 and F16C or AVX-512 (`isa`, vector_isa() of the step), everything
+// else one-pass.
 template <class Job>
-void run_job(const Job& j, bool unscale, int64_t b, int64_t e, float s) {
-  const bool v8 = kAvx2F16c && j.master != nullptr && !portable_forced();
-  (v8 ? v8_loop_for(j, unscale) : loop_for(j, unscale))(j, b, e, s);
+void run_job(Isa isa, const Job& j, bool unscale, int64_t b, int64_t e, float s) {
+  const bool vec = isa != Isa::portable && j.master != nullptr;
+  (vec ? vec_loop_for(isa, j, unscale) : loop_for(j, unscale))(j, b, e, s);
 }
 
 // Many small parameters: each array of each one starts with a cache miss
@@ -745,7 +896,7 @@ void prefetch_small(const SgdJob& j) {
   prefetch_array(j.momentum_buffer, (j.master != nullptr ? 4 : element_bytes(j.dtype)) * j.numel);
 }
 
-// Runs loop_for(job, unscale)(job, begin, end, scale) over every job's
+// Runs run_job(isa, job, unscale, begin, end, scale) over every job's
 // elements, split as the unscale kernels split theirs.
 template <class Job, class Run>
 void run_jobs(const std::vector<Job>& jobs, const float* grad_scale, Run run) {
@@ -755,11 +906,12 @@ void run_jobs(const std::vector<Job>& jobs, const float* grad_scale, Run run) {
     offsets[k + 1] = offsets[k] + jobs[k].numel;
   }
   const float scale = grad_scale != nullptr ? *grad_scale : 1.0f;
+  const Isa isa = vector_isa();
   for_each_piece(offsets, [&](size_t k, int64_t begin, int64_t end) {
     if (k + kPrefetchJobs < jobs.size()) {
       prefetch_small(jobs[k + kPrefetchJobs]);
     }
-    run(jobs[k], grad_scale != nullptr, begin, end, scale);
+    run(isa, jobs[k], grad_scale != nullptr, begin, end, scale);
   });
 }
 
@@ -776,6 +928,11 @@ void adam_step_cpu(const std::vector<AdamJob>& jobs, const float* grad_scale) {
 
 void sgd_step_cpu(const std::vector<SgdJob>& jobs, const float* grad_scale) {
   run_jobs(jobs, grad_scale, run_job<SgdJob>);
+}
+
+const char* optim_path(at::ScalarType dtype, bool master) {
+  const bool vec = master && (dtype == at::kBFloat16 || dtype == at::kHalf);
+  return isa_name(vec ? vector_isa() : Isa::portable);
 }
 
 }  // namespace kernels

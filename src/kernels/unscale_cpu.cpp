@@ -16,11 +16,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -150,37 +148,6 @@ bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define TORCHAMP_X86_AVX512 1  // the AVX-512 loops below exist
 
-// AVX512F, DQ and BW, saved by the OS (the float32 loop needs F only); with
-// AVX512_BF16 too for the bfloat16 loop.
-struct Avx512 {
-  bool base = false;
-  bool bf16 = false;
-};
-
-Avx512 detect_avx512() {
-  Avx512 out;
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(1, &a, &b, &c, &d) == 0 || (c & (1u << 27)) == 0) {
-    return out;  // no OSXSAVE: cannot ask the OS
-  }
-  uint32_t lo = 0, hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  if ((lo & 0xe6u) != 0xe6u) {
-    return out;  // the OS does not save SSE, AVX and all AVX-512 state
-  }
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) {
-    return out;
-  }
-  const unsigned max_subleaf = a;
-  constexpr unsigned kF = 1u << 16, kDq = 1u << 17, kBw = 1u << 30;
-  out.base = (b & (kF | kDq | kBw)) == (kF | kDq | kBw);
-  if (out.base && max_subleaf >= 1) {
-    __get_cpuid_count(7, 1, &a, &b, &c, &d);
-    out.bf16 = (a & (1u << 5)) != 0;
-  }
-  return out;
-}
-
 // GCC 12's AVX-512 intrinsics start some vectors from _mm512_undefined_*(),
 // which -Wall reports as uninitialised inside its own header.
 #pragma GCC diagnostic push
@@ -247,23 +214,15 @@ __attribute__((target("avx512f"))) bool unscale_span_avx512(float* p, int64_t n,
 }
 #pragma GCC diagnostic pop
 
-const Avx512 kAvx512 = detect_avx512();
-#else
-const struct {
-  bool base = false;
-  bool bf16 = false;
-} kAvx512;
 #endif
 
-std::atomic<bool> g_force_portable{std::getenv("TORCHAMP_PORTABLE_KERNELS") != nullptr};
-
 bool use_avx512(bool have) {
-  return have && !g_force_portable.load(std::memory_order_relaxed);
+  return have && isa_cap() >= Isa::avx512;
 }
 
 bool unscale_span_f32(float* p, int64_t n, float inv) {
 #ifdef TORCHAMP_X86_AVX512
-  if (use_avx512(kAvx512.base)) {
+  if (use_avx512(cpu_features().avx512)) {
     return unscale_span_avx512(p, n, inv);
   }
 #endif
@@ -272,7 +231,7 @@ bool unscale_span_f32(float* p, int64_t n, float inv) {
 
 bool unscale_span_bf16(uint16_t* p, int64_t n, float inv) {
 #ifdef TORCHAMP_X86_AVX512
-  if (use_avx512(kAvx512.bf16)) {
+  if (use_avx512(cpu_features().avx512_bf16)) {
     return unscale_span_avx512_bf16(p, n, inv);
   }
 #endif
@@ -546,20 +505,12 @@ bool check_cpu(c10::ArrayRef<at::Tensor> tensors, std::vector<uint8_t>* per_tens
 const char* unscale_path(at::ScalarType dtype) {
   switch (dtype) {
     case at::kFloat:
-      return use_avx512(kAvx512.base) ? "avx512" : "portable";
+      return use_avx512(cpu_features().avx512) ? "avx512" : "portable";
     case at::kBFloat16:
-      return use_avx512(kAvx512.bf16) ? "avx512-bf16" : "portable";
+      return use_avx512(cpu_features().avx512_bf16) ? "avx512-bf16" : "portable";
     default:
       return "portable";
   }
-}
-
-bool portable_forced() {
-  return g_force_portable.load(std::memory_order_relaxed);
-}
-
-void force_portable(bool on) {
-  g_force_portable.store(on);
 }
 
 }  // namespace kernels
