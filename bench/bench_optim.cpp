@@ -44,7 +44,7 @@
 
 #include "bench_util.h"
 #include "compat.h"           // TORCHAMP_ATEN_FUSED_OPTIMIZERS
-#include "kernels/kernels.h"  // TORCHAMP_TARGET_CLONES, as the kernels
+#include "kernels/kernels.h"  // TORCHAMP_TARGET_CLONES, as the kernels; cap_isa
 
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
@@ -268,6 +268,9 @@ void bm_ceiling(benchmark::State& state, const Case& c) {
 //                                       _foreach_add_, _fused_adamw_(grad_scale,
 //                                       found_inf), _amp_update_scale_
 //   sgd+scaler, aten_sgd+scaler         the same for SGD (momentum 0.9)
+//   ...@avx2                            where the CPU has AVX-512: master
+//                                       weights on the AVX2 loops instead
+//                                       (kernels::cap_isa), what AVX-512 buys
 // The scale alternates 2 and 0.5 (the fused steps write the gradients back
 // divided by it; a fixed scale would drive them subnormal within rounds).
 struct Variant {
@@ -326,21 +329,46 @@ struct AtenScaled {
 };
 #endif
 
-void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others) {
+// `v` on the AVX2 loops (the kernels' cap lowered for its step alone).
+Variant on_avx2(Variant v) {
+  return {v.name + "@avx2", [step = std::move(v.step)] {
+            torchamp::kernels::cap_isa(torchamp::kernels::Isa::avx2);
+            step();
+            torchamp::kernels::force_portable(false);
+          }};
+}
+
+void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others,
+                     std::vector<std::string>& isas) {
   const auto adamw = torch::optim::AdamWOptions(1e-3).weight_decay(0.01);
   const auto sgd = torch::optim::SGDOptions(1e-3).momentum(0.9);
   const auto masters = torchamp::optim::FusedOptions().master_weights(true);
+  const auto adam = torch::optim::AdamOptions(1e-3);
+  // The master-weight variants: AdamW alone and with the scaler; Adam and
+  // SGD with master weights, against their own float32 steps.
   std::vector<Variant> vs;
+  for (const auto& [dtype, name] :
+       {std::pair{at::kBFloat16, "bf16"}, std::pair{at::kHalf, "fp16"}}) {
+    const std::string n = name;
+    vs.push_back(plain_variant<torchamp::optim::AdamW>(n + "-master", make_params(c, dtype), adamw,
+                                                       masters));
+    vs.push_back(scaled_variant<torchamp::optim::AdamW>(n + "-master+scaler", make_params(c, dtype),
+                                                        adamw, masters));
+    vs.push_back(plain_variant<torchamp::optim::Adam>("adam-" + n + "-master",
+                                                      make_params(c, dtype), adam, masters));
+    vs.push_back(plain_variant<torchamp::optim::SGD>("sgd-" + n + "-master", make_params(c, dtype),
+                                                     sgd, masters));
+  }
+  // The same steps (the same optimizers: no more memory) on the AVX2 loops,
+  // where AVX-512 runs them.
+  const bool avx512 = torchamp::kernels::vector_isa() == torchamp::kernels::Isa::avx512;
+  if (avx512) {
+    for (size_t k = 0, n = vs.size(); k < n; ++k) {
+      vs.push_back(on_avx2(vs[k]));
+    }
+  }
   vs.push_back(plain_variant<torchamp::optim::AdamW>("fp32", make_params(c), adamw));
-  vs.push_back(plain_variant<torchamp::optim::AdamW>("bf16-master", make_params(c, at::kBFloat16),
-                                                     adamw, masters));
-  vs.push_back(plain_variant<torchamp::optim::AdamW>("fp16-master", make_params(c, at::kHalf),
-                                                     adamw, masters));
   vs.push_back(scaled_variant<torchamp::optim::AdamW>("fp32+scaler", make_params(c), adamw));
-  vs.push_back(scaled_variant<torchamp::optim::AdamW>(
-      "bf16-master+scaler", make_params(c, at::kBFloat16), adamw, masters));
-  vs.push_back(scaled_variant<torchamp::optim::AdamW>("fp16-master+scaler",
-                                                      make_params(c, at::kHalf), adamw, masters));
   vs.push_back(scaled_variant<torchamp::optim::SGD>("sgd+scaler", make_params(c), sgd));
   {  // LibTorch's own AdamW under the same scaler: unscale_ pass, then its step
     auto ps = make_params(c);
@@ -353,17 +381,8 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
                     scaler->update(((*i)++ & 1) ? 2.0 : 0.5);
                   }});
   }
-  // Adam and SGD with master weights, against their own float32 steps.
-  const auto adam = torch::optim::AdamOptions(1e-3);
   vs.push_back(plain_variant<torchamp::optim::Adam>("adam-fp32", make_params(c), adam));
   vs.push_back(plain_variant<torchamp::optim::SGD>("sgd-fp32", make_params(c), sgd));
-  for (const auto& [dtype, name] :
-       {std::pair{at::kBFloat16, "bf16"}, std::pair{at::kHalf, "fp16"}}) {
-    vs.push_back(plain_variant<torchamp::optim::Adam>(std::string("adam-") + name + "-master",
-                                                      make_params(c, dtype), adam, masters));
-    vs.push_back(plain_variant<torchamp::optim::SGD>(std::string("sgd-") + name + "-master",
-                                                     make_params(c, dtype), sgd, masters));
-  }
 #if TORCHAMP_ATEN_FUSED_OPTIMIZERS
   {
     auto st = std::make_shared<AtenScaled>(make_params(c), true);
@@ -427,6 +446,15 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
                 speed("adam-fp16-master", "adam-fp32"), med["sgd-fp32"],
                 speed("sgd-bf16-master", "sgd-fp32"), speed("sgd-fp16-master", "sgd-fp32"));
   others.push_back(row);
+  if (avx512) {
+    const auto gain = [&](const std::string& v) { return speed(v.c_str(), (v + "@avx2").c_str()); };
+    std::snprintf(row, sizeof row,
+                  "| %s | %.2fx | %.2fx | %.2fx | %.2fx | %.2fx | %.2fx | %.2fx | %.2fx |", c.name,
+                  gain("bf16-master"), gain("fp16-master"), gain("bf16-master+scaler"),
+                  gain("fp16-master+scaler"), gain("adam-bf16-master"), gain("adam-fp16-master"),
+                  gain("sgd-bf16-master"), gain("sgd-fp16-master"));
+    isas.push_back(row);
+  }
 }
 
 void interleaved(int rounds_large, int rounds_small) {
@@ -439,10 +467,10 @@ void interleaved(int rounds_large, int rounds_small) {
       "LibTorch |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       at::get_num_threads(), TORCH_VERSION);
-  std::vector<std::string> others;
+  std::vector<std::string> others, isas;
   for (const auto& c : kCases) {
     if (std::string(c.name) == "1x64M" || std::string(c.name) == "10000x100") {
-      run_interleaved(c, c.tensors == 1 ? rounds_large : rounds_small, others);
+      run_interleaved(c, c.tensors == 1 ? rounds_large : rounds_small, others, isas);
     }
   }
   std::printf(
@@ -452,6 +480,17 @@ void interleaved(int rounds_large, int rounds_small) {
       "| SGD fp16 master |\n|---|---|---|---|---|---|---|\n");
   for (const auto& row : others) {
     std::printf("%s\n", row.c_str());
+  }
+  std::printf("\nMaster weights' vector loops: %s (kernels::vector_isa())\n",
+              torchamp::kernels::isa_name(torchamp::kernels::vector_isa()));
+  if (!isas.empty()) {
+    std::printf(
+        "AVX-512's speed as the AVX2 loops' time over its own, the same steps and rounds\n"
+        "| case | AdamW bf16 | AdamW fp16 | AdamW bf16 +scaler | AdamW fp16 +scaler | Adam bf16 | "
+        "Adam fp16 | SGD bf16 | SGD fp16 |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (const auto& row : isas) {
+      std::printf("%s\n", row.c_str());
+    }
   }
 }
 
