@@ -104,10 +104,6 @@ bool portable_forced();
 /// AVX-512 (and AVX512_BF16 for bfloat16) and the cap allows it, else
 /// "portable". Both give identical bits.
 const char* unscale_path(at::ScalarType dtype);
-/// The loop the fused optimizer step runs for a parameter of `dtype` with or
-/// without a master weight: isa_name(vector_isa()) for master weights, else
-/// "portable".
-const char* optim_path(at::ScalarType dtype, bool master);
 
 /// Read-only variant: whether any element of any tensor is inf or NaN.
 bool check_cpu(c10::ArrayRef<at::Tensor> tensors, std::vector<uint8_t>* per_tensor_found = nullptr);

@@ -930,10 +930,5 @@ void sgd_step_cpu(const std::vector<SgdJob>& jobs, const float* grad_scale) {
   run_jobs(jobs, grad_scale, run_job<SgdJob>);
 }
 
-const char* optim_path(at::ScalarType dtype, bool master) {
-  const bool vec = master && (dtype == at::kBFloat16 || dtype == at::kHalf);
-  return isa_name(vec ? vector_isa() : Isa::portable);
-}
-
 }  // namespace kernels
 }  // namespace torchamp
