@@ -40,15 +40,18 @@ inline uint16_t float_to_bf16(float v) {
   return v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
 }
 
-/// float16 bits -> float32 (exact; a NaN keeps its payload). Branch-free
+/// float16 bits -> float32, exactly c10::Half's conversion: exact, and a
+/// NaN keeps its payload and comes out quiet (c10's multiply sets a
+/// signalling NaN's top mantissa bit, as F16C's VCVTPH2PS does). Branch-free
 /// (selects), so that loops using it vectorise: c10::Half's own conversion
 /// does not in GCC 12 ("control flow in loop").
 inline float f16_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t em = h & 0x7fffu;
   // Normal, inf, NaN: rebias the exponent by 127 - 15 (twice for the
-  // all-ones exponent, which becomes float32's all-ones).
-  const uint32_t normal = (em << 13) + 0x38000000u + (em >= 0x7c00u ? 0x38000000u : 0u);
+  // all-ones exponent, which becomes float32's all-ones); a NaN made quiet.
+  const uint32_t normal = ((em << 13) + 0x38000000u + (em >= 0x7c00u ? 0x38000000u : 0u)) |
+                          (em > 0x7c00u ? 0x00400000u : 0u);
   // Zero and subnormal: em units of 2^-24, exact in float32.
   const uint32_t subnormal = bits_of(static_cast<float>(static_cast<int32_t>(em)) * 0x1p-24f);
   return float_of(sign | (em < 0x400u ? subnormal : normal));
