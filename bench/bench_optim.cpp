@@ -332,9 +332,10 @@ struct AtenScaled {
 // `v` on the AVX2 loops (the kernels' cap lowered for its step alone).
 Variant on_avx2(Variant v) {
   return {v.name + "@avx2", [step = std::move(v.step)] {
+            const auto cap = torchamp::kernels::isa_cap();
             torchamp::kernels::cap_isa(torchamp::kernels::Isa::avx2);
             step();
-            torchamp::kernels::force_portable(false);
+            torchamp::kernels::cap_isa(cap);
           }};
 }
 

@@ -6,7 +6,8 @@
 #include <torchamp/optim.h>
 #include <torchamp/paddle.h>
 
-#include "kernels/kernels.h"  // force_portable
+#include "compat.h"           // optim_state_key
+#include "kernels/kernels.h"  // cap_isa, cpu_features
 
 #include <torch/torch.h>
 
@@ -151,18 +152,37 @@ TEST(MasterWeights, ThousandStepsWithSkipsEqualAFloat32ModelBitForBit) {
   }
 }
 
-// Master weights run 8 elements at a time on AVX2 + F16C where the CPU has
-// them; TORCHAMP_PORTABLE_KERNELS keeps the one-pass loop. Both give the
-// same bits, for float16 and bfloat16 parameters, every 16-bit gradient
-// pattern (NaNs with every payload, infinities, subnormals) and many
-// parameter patterns, on lengths around the vector width, for Adam, AdamW
-// (with amsgrad), SGD (momentum, nesterov), with and without a grad_scale
-// (the gradients written back).
+// Master weights run a vector at a time where the CPU has AVX2 + F16C (8
+// lanes) or AVX-512 (16 lanes, the tail masked); TORCHAMP_PORTABLE_KERNELS
+// keeps the one-pass loop. Each vector path this CPU has gives the one-pass
+// loop's bits: parameters, gradients, masters and optimizer state, for
+// float16 and bfloat16 parameters, every 16-bit gradient pattern (NaNs with
+// every payload, infinities, subnormals) and many parameter patterns, on
+// lengths around both vector widths, for Adam, AdamW (with amsgrad), SGD
+// (momentum, nesterov), with and without a grad_scale (the gradients written
+// back). On one thread (each job one piece from its start; the 65539-element
+// one takes the stream prefetch) and on two (pieces that start and end
+// inside a job).
 TEST(MasterWeights, VectorPathEqualsTheOnePassLoopOnEveryPattern) {
-  // Parameter, gradient and the master's float32 bits of each parameter
-  // (a bfloat16 master's: (parameter << 16) + remainder).
   using torchamp::kernels::Isa;
-  const auto run = [&](at::ScalarType dtype, Isa isa, int which, std::optional<float> scale) {
+  // The kernels' cap and ATen's thread count for one run, put back after it.
+  struct Setting {
+    Isa isa_was = torchamp::kernels::isa_cap();
+    int threads_was = at::get_num_threads();
+    Setting(Isa isa, int threads) {
+      torchamp::kernels::cap_isa(isa);
+      at::set_num_threads(threads);
+    }
+    ~Setting() {
+      torchamp::kernels::cap_isa(isa_was);
+      at::set_num_threads(threads_was);
+    }
+  };
+  // Per parameter: the parameter's and the gradient's 16 bits, then the
+  // master's float32 bits (a bfloat16 master's: (parameter << 16) +
+  // remainder) and the state's, as int32.
+  const auto run = [&](at::ScalarType dtype, Isa isa, int threads, int which,
+                       std::optional<float> scale) {
     std::vector<at::Tensor> ps;
     int64_t k = 0;
     // Finite parameters: float16's exponent, or bfloat16's, below all ones.
@@ -180,48 +200,67 @@ TEST(MasterWeights, VectorPathEqualsTheOnePassLoopOnEveryPattern) {
     }
     std::unique_ptr<torch::optim::Optimizer> opt;
     std::function<at::Tensor(const at::Tensor&)> master_of;
+    std::function<std::vector<at::Tensor>(const at::Tensor&)> state_of;
+    const auto state = [](const torch::optim::Optimizer& o, const at::Tensor& p) -> const auto& {
+      return *o.state().at(torchamp::compat::optim_state_key(o.state(), p));
+    };
     if (which == 0) {
       auto o = std::make_unique<torchamp::optim::AdamW>(
           ps, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true), kMasters);
       master_of = [o = o.get()](const at::Tensor& p) { return o->master_weight_storage(p); };
+      state_of = [o = o.get(), state](const at::Tensor& p) {
+        const auto& st = static_cast<const torch::optim::AdamWParamState&>(state(*o, p));
+        return std::vector<at::Tensor>{st.exp_avg(), st.exp_avg_sq(), st.max_exp_avg_sq()};
+      };
       opt = std::move(o);
     } else if (which == 1) {
       auto o = std::make_unique<torchamp::optim::Adam>(
           ps, torch::optim::AdamOptions(1e-2).weight_decay(0.1), kMasters);
       master_of = [o = o.get()](const at::Tensor& p) { return o->master_weight_storage(p); };
+      state_of = [o = o.get(), state](const at::Tensor& p) {
+        const auto& st = static_cast<const torch::optim::AdamParamState&>(state(*o, p));
+        return std::vector<at::Tensor>{st.exp_avg(), st.exp_avg_sq()};
+      };
       opt = std::move(o);
     } else {
       auto o = std::make_unique<torchamp::optim::SGD>(
           ps, torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(0.1),
           kMasters);
       master_of = [o = o.get()](const at::Tensor& p) { return o->master_weight_storage(p); };
+      state_of = [o = o.get(), state](const at::Tensor& p) {
+        const auto& st = static_cast<const torch::optim::SGDParamState&>(state(*o, p));
+        return std::vector<at::Tensor>{st.momentum_buffer()};
+      };
       opt = std::move(o);
     }
-    const int threads = at::get_num_threads();
-    at::set_num_threads(1);
-    torchamp::kernels::cap_isa(isa);
-    for (int step = 0; step < 3; ++step) {
-      torchamp::AmpStepArgs args;
-      args.grad_scale = scale;
-      dynamic_cast<torchamp::StepSupportsAmpScaling&>(*opt).amp_step(args);
+    {
+      const Setting setting(isa, threads);
+      EXPECT_EQ(at::get_num_threads(), threads);
+      for (int step = 0; step < 3; ++step) {
+        torchamp::AmpStepArgs args;
+        args.grad_scale = scale;
+        dynamic_cast<torchamp::StepSupportsAmpScaling&>(*opt).amp_step(args);
+      }
     }
-    torchamp::kernels::force_portable(false);
-    at::set_num_threads(threads);
-    std::vector<at::Tensor> out;
+    std::vector<std::vector<at::Tensor>> out;
     for (const auto& p : ps) {
-      out.push_back(p.detach().view(torch::kShort).clone());
-      out.push_back(p.grad().view(torch::kShort).clone());
+      std::vector<at::Tensor> bits = {p.detach().view(torch::kShort).clone(),
+                                      p.grad().view(torch::kShort).clone()};
       const at::Tensor m = master_of(p);
       if (dtype == at::kHalf) {
-        out.push_back(m.view(torch::kInt).clone());
+        bits.push_back(m.view(torch::kInt).clone());
       } else {  // (parameter << 16) + remainder modulo 2^32, in int64, as int32 bits
-        const auto bits = torch::remainder(
+        const auto b = torch::remainder(
             p.detach().view(torch::kShort).to(torch::kLong).bitwise_and(0xffff) * 65536 +
                 m.to(torch::kLong),
             int64_t{1} << 32);
-        out.push_back(torch::where(bits >= (int64_t{1} << 31), bits - (int64_t{1} << 32), bits)
-                          .to(torch::kInt));
+        bits.push_back(
+            torch::where(b >= (int64_t{1} << 31), b - (int64_t{1} << 32), b).to(torch::kInt));
       }
+      for (const auto& t : state_of(p)) {
+        bits.push_back(t.view(torch::kInt).clone());
+      }
+      out.push_back(std::move(bits));
     }
     return out;
   };
@@ -241,41 +280,71 @@ TEST(MasterWeights, VectorPathEqualsTheOnePassLoopOnEveryPattern) {
     ran += std::string(ran.empty() ? "" : " ") + torchamp::kernels::isa_name(isa);
   }
   RecordProperty("master_weight_paths", ran);
-  for (const Isa isa : isas) {
+  // A float32's NaN: any equals any other (below).
+  const auto float_nan = [](const at::Tensor& bits) { return bits.view(torch::kFloat).isnan(); };
+  for (const int threads : {1, 2}) {
     for (const auto dtype : {at::kHalf, at::kBFloat16}) {
       for (int which = 0; which < 3; ++which) {
         for (const auto scale : {std::optional<float>(), std::optional<float>(1024.0f)}) {
-          const auto a = run(dtype, Isa::portable, which, scale);
-          const auto b = run(dtype, isa, which, scale);
-          ASSERT_EQ(a.size(), b.size());
-          for (size_t i = 0; i < a.size(); i += 3) {
-            // Gradients bit for bit (every NaN stored in 16 bits is c10's),
-            // float16 parameters too (sign | 0x7E00). A float32 master's NaN
-            // keeps whichever operand's payload the hardware picked, which
-            // IEEE leaves open and compilers reorder (a + b for b + a): any
-            // NaN there equals any other, and so does the bfloat16 parameter
-            // that is the NaN master's high half.
-            const auto both_nan = a[i + 2]
-                                      .view(torch::kFloat)
-                                      .isnan()
-                                      .logical_and(b[i + 2].view(torch::kFloat).isnan());
-            const auto no_nan = torch::zeros(both_nan.sizes(), torch::kBool);
-            const auto& param_nan = dtype == at::kHalf ? no_nan : both_nan;
-            const std::string what = std::string(torchamp::kernels::isa_name(isa)) + ", " +
-                                     c10::toString(dtype) + ", optimizer " + std::to_string(which) +
-                                     (scale ? " unscaling" : "") + ", parameter " +
-                                     std::to_string(i / 3);
-            EXPECT_TRUE(
-                torch::equal(a[i].masked_fill(param_nan, 0), b[i].masked_fill(param_nan, 0)))
-                << what << ": the parameter";
-            EXPECT_TRUE(torch::equal(a[i + 1], b[i + 1])) << what << ": the gradient";
-            EXPECT_TRUE(
-                torch::equal(a[i + 2].masked_fill(both_nan, 0), b[i + 2].masked_fill(both_nan, 0)))
-                << what << ": the master";
+          const auto a = run(dtype, Isa::portable, threads, which, scale);
+          for (const Isa isa : isas) {
+            const auto b = run(dtype, isa, threads, which, scale);
+            ASSERT_EQ(a.size(), b.size());
+            for (size_t i = 0; i < a.size(); ++i) {
+              ASSERT_EQ(a[i].size(), b[i].size());
+              const std::string what =
+                  std::string(torchamp::kernels::isa_name(isa)) + ", " + c10::toString(dtype) +
+                  ", optimizer " + std::to_string(which) + (scale ? " unscaling" : "") + ", " +
+                  std::to_string(threads) + " thread(s), parameter " + std::to_string(i);
+              // Gradients bit for bit (every NaN stored in 16 bits is
+              // c10's), float16 parameters too (sign | 0x7E00). A float32's
+              // NaN (the master's, the state's) keeps whichever operand's
+              // payload the hardware picked, which IEEE leaves open and
+              // compilers reorder (a + b for b + a): any NaN there equals
+              // any other, and so does the bfloat16 parameter that is the
+              // NaN master's high half.
+              const auto master_nan = float_nan(a[i][2]).logical_and(float_nan(b[i][2]));
+              const auto param_nan =
+                  dtype == at::kHalf ? torch::zeros(master_nan.sizes(), torch::kBool) : master_nan;
+              EXPECT_TRUE(torch::equal(a[i][0].masked_fill(param_nan, 0),
+                                       b[i][0].masked_fill(param_nan, 0)))
+                  << what << ": the parameter";
+              EXPECT_TRUE(torch::equal(a[i][1], b[i][1])) << what << ": the gradient";
+              for (size_t t = 2; t < a[i].size(); ++t) {
+                const auto nan = float_nan(a[i][t]).logical_and(float_nan(b[i][t]));
+                EXPECT_TRUE(torch::equal(a[i][t].masked_fill(nan, 0), b[i][t].masked_fill(nan, 0)))
+                    << what
+                    << (t == 2 ? ": the master" : ": state tensor " + std::to_string(t - 3));
+              }
+            }
           }
         }
       }
     }
+  }
+}
+
+// A float16 gradient that is a signalling NaN becomes an SGD momentum
+// buffer's first value with no arithmetic on it: every path stores it as
+// c10::Half converts it, payload kept and quiet (0x7C01 -> 0x7FC02000), as
+// F16C's VCVTPH2PS does. (The test above equates any two float32 NaNs.)
+TEST(MasterWeights, SignallingNanGradientIsQuietOnEveryPath) {
+  using torchamp::kernels::Isa;
+  const Isa was = torchamp::kernels::isa_cap();
+  for (const Isa isa : {Isa::portable, Isa::avx2, Isa::avx512}) {
+    at::Tensor p = torch::zeros({19}, at::kHalf);  // a full vector of each width and a tail
+    p.mutable_grad() = torch::full({19}, 0, at::kHalf);
+    p.grad().view(torch::kShort).fill_(0x7c01);
+    torchamp::optim::SGD opt({p}, torch::optim::SGDOptions(1e-2).momentum(0.9), kMasters);
+    torchamp::kernels::cap_isa(isa);
+    dynamic_cast<torchamp::StepSupportsAmpScaling&>(opt).amp_step(torchamp::AmpStepArgs{});
+    torchamp::kernels::cap_isa(was);
+    const auto& st = static_cast<const torch::optim::SGDParamState&>(
+        *opt.state().at(torchamp::compat::optim_state_key(opt.state(), p)));
+    EXPECT_TRUE(torch::equal(st.momentum_buffer().view(torch::kInt),
+                             torch::full({19}, 0x7fc02000, torch::kInt)))
+        << torchamp::kernels::isa_name(isa) << " (capped; the CPU's best: "
+        << torchamp::kernels::isa_name(torchamp::kernels::vector_isa()) << ")";
   }
 }
 

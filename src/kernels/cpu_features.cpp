@@ -48,8 +48,16 @@ CpuFeatures detect() {
   return out;
 }
 
-std::atomic<Isa> g_cap{std::getenv("TORCHAMP_PORTABLE_KERNELS") != nullptr ? Isa::portable
-                                                                           : Isa::avx512};
+// No cap: the last enumerator of Isa.
+constexpr Isa kNoCap = Isa::avx512;
+
+// The cap, read from the environment on first use (not at static
+// initialisation, which another file's initialiser might precede).
+std::atomic<Isa>& cap() {
+  static std::atomic<Isa> c{std::getenv("TORCHAMP_PORTABLE_KERNELS") != nullptr ? Isa::portable
+                                                                                : kNoCap};
+  return c;
+}
 
 }  // namespace
 
@@ -59,11 +67,11 @@ const CpuFeatures& cpu_features() {
 }
 
 void cap_isa(Isa isa) {
-  g_cap.store(isa);
+  cap().store(isa);
 }
 
 Isa isa_cap() {
-  return g_cap.load(std::memory_order_relaxed);
+  return cap().load(std::memory_order_relaxed);
 }
 
 Isa vector_isa() {
@@ -83,12 +91,8 @@ const char* isa_name(Isa isa) {
   }
 }
 
-bool portable_forced() {
-  return isa_cap() == Isa::portable;
-}
-
 void force_portable(bool on) {
-  cap_isa(on ? Isa::portable : Isa::avx512);
+  cap_isa(on ? Isa::portable : kNoCap);
 }
 
 }  // namespace kernels

@@ -95,9 +95,8 @@ Isa vector_isa();
 void cap_isa(Isa isa);
 Isa isa_cap();
 const char* isa_name(Isa isa);  // "portable", "avx2-f16c", "avx512"
-/// cap_isa(on ? Isa::portable : Isa::avx512), and whether the cap is portable.
+/// cap_isa(Isa::portable), or (false) no cap.
 void force_portable(bool on);
-bool portable_forced();
 
 /// The loop `unscale_cpu_` runs for `dtype`: "avx512" (float32) or
 /// "avx512-bf16" (bfloat16, VCVTNE2PS2BF16) where the CPU and OS have

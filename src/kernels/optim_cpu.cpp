@@ -131,7 +131,7 @@ using KindBf16Master = Kind<Bf16Master, Bf16, Io<float>>;
 using KindF16Master = Kind<F16Master, F16, Io<float>>;
 
 // The arithmetic of one Adam element, written once: the one-pass loops run
-// it on scalars, the F16C loops below on 8 floats at a time (V8), the same
+// it on scalars, the vector loops below on 8 or 16 floats (V8, V16), the same
 // operations in the same order, so the same bits. In scope: the constants of
 // adam_loop (beta1, ..., has_wd, kDecoupled, kAmsgrad); gi, pi, mi, vi and
 // vmax (amsgrad) hold the loaded values and leave with the new ones.
@@ -157,7 +157,7 @@ using KindF16Master = Kind<F16Master, F16, Io<float>>;
 
 // The constants TORCHAMP_ADAM_ELEMENT reads, from AdamJob j and the float
 // grad_scale in scope, each rounded to the compute type once as ATen rounds
-// its Scalars (MAKE: double -> T; for V8, to float and broadcast).
+// its Scalars (MAKE: double -> T; for V8 and V16, to float and broadcast).
 #define TORCHAMP_ADAM_CONSTANTS(T, MAKE)                               \
   const T scale = MAKE(grad_scale);                                    \
   const T beta1 = MAKE(j.beta1), one_minus_beta1 = MAKE(1 - j.beta1);  \
@@ -168,7 +168,7 @@ using KindF16Master = Kind<F16Master, F16, Io<float>>;
   const T decay = MAKE(1 - j.lr * j.weight_decay);                     \
   const bool has_wd = j.weight_decay != 0
 
-// std::max and std::sqrt, overloaded below for V8.
+// std::max and std::sqrt, overloaded below for V8 and V16.
 template <class M>
 inline M maximum(M a, M b) {
   return (a < b) ? b : a;
@@ -383,7 +383,9 @@ SgdLoop loop_for(const SgdJob& j, bool unscale) {
 // which -Wall reports as uninitialised inside its own header. The walk's
 // helpers below take and return vectors without a target of their own:
 // always inlined into a function with one, they have no ABI to change
-// (-Wpsabi).
+// (-Wpsabi). That holds only while every one of them is TORCHAMP_INLINE (or
+// has a target): one that is not inlined would pass a __m256/__m512 between
+// functions that disagree on how, and nothing here would warn.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #if defined(__GNUC__) && !defined(__clang__)
@@ -421,25 +423,29 @@ inline void ahead32(const void* p, int64_t i) {
 //                  tail_start(i, e); kMasked: a job of any length can be
 //                  walked (else shorter than kWidth takes the one-pass loop).
 
+// +, *, / and sqrt_of on a vector type V of `PREFIX`_*_ps (__m256 or __m512).
+#define TORCHAMP_VEC_ARITHMETIC(V, TARGET, PREFIX) \
+  TARGET inline V operator+(V a, V b) {            \
+    return {PREFIX##_add_ps(a.v, b.v)};            \
+  }                                                \
+  TARGET inline V operator*(V a, V b) {            \
+    return {PREFIX##_mul_ps(a.v, b.v)};            \
+  }                                                \
+  TARGET inline V operator/(V a, V b) {            \
+    return {PREFIX##_div_ps(a.v, b.v)};            \
+  }                                                \
+  TARGET inline V sqrt_of(V a) {                   \
+    return {PREFIX##_sqrt_ps(a.v)};                \
+  }
+
 // AVX2 + F16C: 8 lanes.
 struct V8 {
   __m256 v;
 };
-TORCHAMP_AVX2 inline V8 operator+(V8 a, V8 b) {
-  return {_mm256_add_ps(a.v, b.v)};
-}
-TORCHAMP_AVX2 inline V8 operator*(V8 a, V8 b) {
-  return {_mm256_mul_ps(a.v, b.v)};
-}
-TORCHAMP_AVX2 inline V8 operator/(V8 a, V8 b) {
-  return {_mm256_div_ps(a.v, b.v)};
-}
+TORCHAMP_VEC_ARITHMETIC(V8, TORCHAMP_AVX2, _mm256)
 // std::max(a, b): a unless a < b (so a where either is NaN).
 TORCHAMP_AVX2 inline V8 maximum(V8 a, V8 b) {
   return {_mm256_blendv_ps(a.v, b.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))};
-}
-TORCHAMP_AVX2 inline V8 sqrt_of(V8 a) {
-  return {_mm256_sqrt_ps(a.v)};
 }
 
 struct Avx2 {
@@ -453,10 +459,9 @@ struct Avx2 {
   TORCHAMP_AVX2 static H pack(__m256i x) {
     return _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
   }
-  // VCVTPH2PS is exact; it quiets a signalling NaN (sets the mantissa's top
-  // bit) where f16_to_float keeps the payload, which no result shows: the
-  // update's first arithmetic on the value quiets it the same way, and every
-  // stored NaN is narrowed to sign | 0x7E00.
+  // VCVTPH2PS is exact and keeps a NaN's payload, quiet: f16_to_float (and
+  // c10::Half) to the bit. (A signalling NaN kept signalling would show: an
+  // SGD momentum buffer's first value is the gradient itself.)
   TORCHAMP_AVX2 static V widen_f16(H h) { return {_mm256_cvtph_ps(h)}; }
   // VCVTPS2PH rounds to nearest even as float_to_f16 does, subnormals and
   // overflow to inf included, but keeps a NaN's payload; float_to_f16 gives
@@ -535,20 +540,9 @@ struct Avx2 {
 struct V16 {
   __m512 v;
 };
-TORCHAMP_AVX512 inline V16 operator+(V16 a, V16 b) {
-  return {_mm512_add_ps(a.v, b.v)};
-}
-TORCHAMP_AVX512 inline V16 operator*(V16 a, V16 b) {
-  return {_mm512_mul_ps(a.v, b.v)};
-}
-TORCHAMP_AVX512 inline V16 operator/(V16 a, V16 b) {
-  return {_mm512_div_ps(a.v, b.v)};
-}
+TORCHAMP_VEC_ARITHMETIC(V16, TORCHAMP_AVX512, _mm512)
 TORCHAMP_AVX512 inline V16 maximum(V16 a, V16 b) {  // as V8's
   return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), a.v, b.v)};
-}
-TORCHAMP_AVX512 inline V16 sqrt_of(V16 a) {
-  return {_mm512_sqrt_ps(a.v)};
 }
 
 // 16 16-bit values (a struct, as V16: the walk's helpers pass them without
@@ -837,6 +831,7 @@ SgdLoop vec_loop_for(Isa isa, const SgdJob& j, bool unscale) {
                                           TORCHAMP_SGD_VEC_ISA(sgd_avx512, Avx512)};
   return kLoops[isa == Isa::avx512][j.dtype == at::kHalf][unscale];
 }
+#undef TORCHAMP_VEC_ARITHMETIC
 #undef TORCHAMP_SGD_VEC_ISA
 #undef TORCHAMP_ADAM_VEC_ISA
 #undef TORCHAMP_ADAM_VEC_ROW
