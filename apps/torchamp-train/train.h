@@ -6,6 +6,7 @@
 
 #include "data.h"
 #include "parallel.h"
+#include "support.h"
 
 #include <torch/optim/optimizer.h>
 
@@ -96,25 +97,17 @@ struct ModeSummary {
   double peak_rss_mb = 0;  // the process's peak resident memory during the mode
 };
 
-/// Bytes per parameter element of `params` with their gradients and
-/// `optimizer`'s state, summed over the tensors that exist (moments, momentum
-/// buffers, torchamp's master weights).
-double bytes_per_param(const torch::optim::Optimizer& optimizer,
-                       const std::vector<at::Tensor>& params);
-/// Resets / reads the process's peak resident memory (Linux; 0 elsewhere).
-void reset_peak_rss();
-double peak_rss_mb();
+// App support (apps/common/support.h), used here unqualified.
+using torchamp_apps::bytes_per_param;
+using torchamp_apps::maybe_die_after_step;
+using torchamp_apps::peak_rss_mb;
+using torchamp_apps::pin_mkl_to_one_thread;
+using torchamp_apps::reset_peak_rss;
+using torchamp_apps::save_atomically;
 
 /// Whether the fp16 modes run under real CPU float16 autocast (LibTorch >=
 /// 2.2); otherwise they store activations in float16 between layers.
 bool cpu_fp16_autocast();
-
-/// Makes the run reproducible run to run where the LibTorch's BLAS is MKL
-/// (the pip wheels, pytorch.org's archive; MKL as Debian's libblas): MKL's
-/// calls from this thread run on one thread. ATen's own kernels keep their
-/// threads (their split depends only on the thread count). Returns what it
-/// did, for the log; false when there is no MKL.
-bool pin_mkl_to_one_thread();
 
 /// "fp32", "fp16", "fp16+scaler", "bf16+scaler", and "cuda-fp16+scaler" when
 /// the linked LibTorch has CUDA and a GPU is present.

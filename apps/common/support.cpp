@@ -1,0 +1,188 @@
+#include "support.h"
+
+#include <torchamp/optim.h>
+
+#include <ATen/Parallel.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <dlfcn.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+namespace torchamp_apps {
+
+namespace {
+
+void die_by_test_hook() {
+  if (const char* once = std::getenv("TORCHAMP_TRAIN_KILL_ONCE"); once != nullptr && *once) {
+    if (std::filesystem::exists(once)) {
+      return;
+    }
+    std::ofstream(once) << "killed\n";
+  }
+  std::raise(SIGKILL);
+}
+
+}  // namespace
+
+// The peak resident memory since the last reset: Linux's VmHWM, which
+// writing 5 to /proc/self/clear_refs resets (Linux 4.0+); 0 where unknown.
+void reset_peak_rss() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
+
+double peak_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      return std::stod(line.substr(6)) / 1024.0;  // kB
+    }
+  }
+  return 0.0;
+}
+
+double bytes_per_param(const torch::optim::Optimizer& optimizer,
+                       const std::vector<at::Tensor>& params) {
+  double bytes = 0, elements = 0;
+  auto add = [&bytes](const at::Tensor& t) {
+    bytes += t.defined() ? static_cast<double>(t.nbytes()) : 0.0;
+  };
+  for (const auto& p : params) {
+    elements += static_cast<double>(p.numel());
+    add(p);
+    add(p.grad());
+  }
+  for (const auto& kv : optimizer.state()) {
+    const auto* state = kv.second.get();
+    if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+      add(s->exp_avg());
+      add(s->exp_avg_sq());
+      add(s->max_exp_avg_sq());
+    } else if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+      add(a->exp_avg());
+      add(a->exp_avg_sq());
+      add(a->max_exp_avg_sq());
+    } else if (const auto* m = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+      add(m->momentum_buffer());
+    }
+  }
+  for (const auto& p : params) {
+    if (const auto* o = dynamic_cast<const torchamp::optim::AdamW*>(&optimizer)) {
+      add(o->master_weight_storage(p));
+    } else if (const auto* a = dynamic_cast<const torchamp::optim::Adam*>(&optimizer)) {
+      add(a->master_weight_storage(p));
+    } else if (const auto* g = dynamic_cast<const torchamp::optim::SGD*>(&optimizer)) {
+      add(g->master_weight_storage(p));
+    }
+  }
+  return elements > 0 ? bytes / elements : 0.0;
+}
+
+bool pin_mkl_to_one_thread() {
+  // MKL's SGEMM, which runs ATen's float32 matmuls in MKL builds, splits a
+  // product across threads in a way that is not bit-reproducible from run to
+  // run (MKL's own reproducibility conditions: a fixed thread count, dynamic
+  // threading off, a CNR branch; ATen leaves dynamic threading on and CNR
+  // off). One MKL thread is. MKL's service functions are exported by the
+  // wheels' libtorch_cpu (ATen calls mkl_set_num_threads_local itself) and by
+  // libmkl_rt; a LibTorch without MKL has neither, and its BLAS (OpenBLAS,
+  // the reference BLAS) splits the output matrix, whose bits do not depend
+  // on the split. The C function's symbol is MKL_Set_Num_Threads_Local
+  // (mkl_service.h maps the lower-case name to it by a macro); the exported
+  // lower-case symbols are the Fortran interface, which takes a pointer.
+  using SetThreads = int (*)(int);
+  void* symbol = dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local");
+  if (symbol == nullptr) {  // libtorch_cpu loaded without RTLD_GLOBAL (in Python)
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&at::get_num_threads), &info) != 0 &&
+        info.dli_fname != nullptr) {
+      if (void* lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD)) {
+        symbol = dlsym(lib, "MKL_Set_Num_Threads_Local");
+        dlclose(lib);
+      }
+    }
+  }
+  if (symbol == nullptr) {
+    return false;
+  }
+  reinterpret_cast<SetThreads>(symbol)(1);
+  return true;
+}
+
+void save_atomically(torch::serialize::OutputArchive& archive, const std::string& path) {
+  static int saved = 0;
+  const std::string tmp = path + ".tmp";
+  archive.save_to(tmp);
+  ++saved;
+  if (const char* k = std::getenv("TORCHAMP_TRAIN_KILL_IN_CHECKPOINT")) {
+    if (std::atoi(k) == saved) {
+      die_by_test_hook();
+    }
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+void maybe_die_after_step() {
+  static int64_t steps = 0;
+  static const char* k = std::getenv("TORCHAMP_TRAIN_KILL_AT_STEP");
+  if (k != nullptr && ++steps == std::atoll(k)) {
+    die_by_test_hook();
+  }
+}
+
+void write_options(const std::string& path, const Options& options) {
+  std::ofstream out(path);
+  for (const auto& [k, v] : options) {
+    out << k << "=" << v << "\n";
+  }
+  if (!out) {
+    throw std::runtime_error("cannot write " + path);
+  }
+}
+
+Options read_options(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw std::runtime_error("cannot read " + path);
+  }
+  Options kv;
+  for (std::string line; std::getline(in, line);) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) {
+      kv[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+  }
+  return kv;
+}
+
+std::string first_difference(const Options& a, const Options& b) {
+  auto value = [](const Options& m, const std::string& k) {
+    const auto it = m.find(k);
+    return it == m.end() ? std::string("(none)") : it->second;
+  };
+  Options keys = a;
+  keys.insert(b.begin(), b.end());
+  for (const auto& kv : keys) {
+    if (value(a, kv.first) != value(b, kv.first)) {
+      return kv.first + ": " + value(a, kv.first) + " vs " + value(b, kv.first);
+    }
+  }
+  return "";
+}
+
+bool have_gnuplot() {
+  return std::system("command -v gnuplot >/dev/null 2>&1") == 0;
+}
+
+bool run_gnuplot(const std::string& script_path) {
+  return std::system(("gnuplot '" + script_path + "'").c_str()) == 0;
+}
+
+}  // namespace torchamp_apps

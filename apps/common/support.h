@@ -1,0 +1,58 @@
+#pragma once
+
+// App support: what every main job under apps/ needs beyond the library
+// (memory and time measurement, MKL's reproducibility, atomic checkpoints and
+// their test hooks, the run folder's options file, gnuplot). It lives here
+// once; the library knows nothing of it.
+
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/output-archive.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace torchamp_apps {
+
+/// Resets / reads the process's peak resident memory (Linux; 0 elsewhere).
+void reset_peak_rss();
+double peak_rss_mb();
+
+/// Bytes per parameter element of `params` with their gradients and
+/// `optimizer`'s state, summed over the tensors that exist (moments, momentum
+/// buffers, torchamp's master weights).
+double bytes_per_param(const torch::optim::Optimizer& optimizer,
+                       const std::vector<at::Tensor>& params);
+
+/// Makes the run reproducible run to run where the LibTorch's BLAS is MKL
+/// (the pip wheels, pytorch.org's archive; MKL as Debian's libblas): MKL's
+/// calls from this thread run on one thread. ATen's own kernels keep their
+/// threads (their split depends only on the thread count). Returns what it
+/// did, for the log; false when there is no MKL.
+bool pin_mkl_to_one_thread();
+
+/// Saves `archive` to `path` through a temporary name: a process killed while
+/// writing leaves the last complete checkpoint in place. Test hook
+/// TORCHAMP_TRAIN_KILL_IN_CHECKPOINT=K: SIGKILL right after writing the
+/// temporary file of this process's K-th checkpoint.
+void save_atomically(torch::serialize::OutputArchive& archive, const std::string& path);
+
+/// Test hook TORCHAMP_TRAIN_KILL_AT_STEP=K: SIGKILL after this process's K-th
+/// call. With TORCHAMP_TRAIN_KILL_ONCE=FILE the hooks fire only while FILE
+/// does not exist, and create it: once per job, not again in the processes
+/// torchrun restarts with the same environment.
+void maybe_die_after_step();
+
+/// A run folder's options file: one `key=value` a line.
+using Options = std::map<std::string, std::string>;
+void write_options(const std::string& path, const Options& options);
+Options read_options(const std::string& path);
+/// The first key whose value differs between the two (or that one lacks), as
+/// "key: a vs b"; empty when they are equal.
+std::string first_difference(const Options& a, const Options& b);
+
+/// Whether gnuplot is on PATH, and running a script with it (true on success).
+bool have_gnuplot();
+bool run_gnuplot(const std::string& script_path);
+
+}  // namespace torchamp_apps
