@@ -14,9 +14,11 @@
 
 namespace torchamp_apps {
 
-/// Resets / reads the process's peak resident memory (Linux; 0 elsewhere).
+/// Resets / reads the process's peak resident memory, and reads its current
+/// resident memory (Linux; 0 elsewhere).
 void reset_peak_rss();
 double peak_rss_mb();
+double rss_mb();
 
 /// Bytes per parameter element of `params` with their gradients and
 /// `optimizer`'s state, summed over the tensors that exist (moments, momentum

@@ -1,0 +1,583 @@
+// torchamp-gpt: a character-level GPT (nanoGPT's model) trained on the King
+// James Bible once per precision mode, from the same initial weights over the
+// same batches: float32, bfloat16 autocast, bfloat16 parameters with float32
+// master weights, float16 autocast with a GradScaler (and CUDA's modes where
+// a GPU is there). Standalone it is one process; under torchrun each rank
+// takes its slice of every batch (torchamp::DistributedDataParallel).
+
+#include "train.h"
+
+#include <torchamp/version.h>
+#if TORCHAMP_WITH_DISTRIBUTED
+#include <torchamp/process_group.h>
+#endif
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+
+namespace fs = std::filesystem;
+using namespace torchamp_gpt;
+
+namespace {
+
+// Model sizes: --size picks one, the single options override it.
+struct Size {
+  const char* name;
+  int64_t layers, heads, d_model, context, batch_size;
+  const char* summary;
+};
+const Size kSizes[] = {
+    {"tiny", 2, 2, 32, 32, 8, "2 layers, d 32, context 32: the tests' (~30K parameters)"},
+    {"small", 4, 4, 128, 128, 16, "4 layers, d 128, context 128 (~0.8M parameters)"},
+    {"gpt10m", 6, 6, 384, 256, 8, "6 layers, d 384, context 256 (~10.7M parameters)"},
+};
+
+const char* const kMetricsHeader = "mode,step,loss,val_loss,scale,skipped,lr";
+const char* const kSummaryHeader =
+    "mode,val_loss,train_loss,skipped,final_scale,tokens_per_s,step_ms,peak_rss_mb,"
+    "bytes_per_param,params,weights,start_rss_mb";
+
+std::string g17(double v) {
+  if (std::isnan(v)) {
+    return "";
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> out;
+  std::stringstream s(line);
+  for (std::string cell; std::getline(s, cell, ',');) {
+    out.push_back(cell);
+  }
+  if (!line.empty() && line.back() == ',') {
+    out.emplace_back();
+  }
+  return out;
+}
+
+std::vector<std::vector<std::string>> read_csv(const fs::path& path) {
+  std::vector<std::vector<std::string>> rows;
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    rows.push_back(split_csv(line));
+  }
+  return rows;
+}
+
+int64_t file_size_or_zero(const fs::path& p) {
+  std::error_code ec;
+  const auto n = fs::file_size(p, ec);
+  return ec ? 0 : static_cast<int64_t>(n);
+}
+
+// The table of one or both runs (C++ and, when python-summary.csv is there,
+// Python's): mode, validation loss, tokens/s, peak memory, against float32
+// and against Python.
+void print_table(const fs::path& out, std::ostream& os) {
+  const auto cpp = read_csv(out / "summary.csv");
+  const auto py = read_csv(out / "python-summary.csv");
+  auto find = [](const std::vector<std::vector<std::string>>& rows, const std::string& mode) {
+    for (const auto& r : rows) {
+      if (!r.empty() && r[0] == mode) {
+        return &r;
+      }
+    }
+    return static_cast<const std::vector<std::string>*>(nullptr);
+  };
+  const auto* base = find(cpp, "fp32");
+  os << "| mode | val loss | tokens/s | peak MB | skipped | vs fp32 |"
+     << (py.empty() ? "" : " Python val loss | Python tokens/s | Python peak MB | vs Python |")
+     << "\n|---|---|---|---|---|---|" << (py.empty() ? "" : "---|---|---|---|") << "\n";
+  for (const auto& r : cpp) {
+    char row[512];
+    const double tps = std::stod(r[5]);
+    std::snprintf(
+        row, sizeof row, "| %s | %.4f | %.0f | %.0f | %s | %s |", r[0].c_str(), std::stod(r[1]),
+        tps, std::stod(r[7]), r[3].c_str(),
+        base ? (std::to_string(tps / std::stod((*base)[5])).substr(0, 4) + "x").c_str() : "-");
+    os << row;
+    if (!py.empty()) {
+      if (const auto* p = find(py, r[0])) {
+        std::snprintf(row, sizeof row, " %.4f | %.0f | %.0f | %.2fx |", std::stod((*p)[1]),
+                      std::stod((*p)[5]), std::stod((*p)[7]), tps / std::stod((*p)[5]));
+        os << row;
+      } else {
+        os << " - | - | - | - |";
+      }
+    }
+    os << "\n";
+  }
+}
+
+// loss.png: the training loss per step of every mode, Python's dashed.
+bool plot(const fs::path& out) {
+  if (!torchamp_apps::have_gnuplot()) {
+    return false;
+  }
+  const fs::path data = out / "plot-data.txt";
+  std::vector<std::string> titles;
+  {
+    std::ofstream d(data);
+    for (const char* file : {"metrics.csv", "python-metrics.csv"}) {
+      const bool python = std::string(file) != "metrics.csv";
+      std::string mode;
+      for (const auto& r : read_csv(out / file)) {
+        if (r.size() < 3) {
+          continue;
+        }
+        if (r[0] != mode) {
+          if (!mode.empty()) {
+            d << "\n\n";
+          }
+          mode = r[0];
+          titles.push_back(mode + (python ? " (Python)" : " (C++)"));
+        }
+        d << r[1] << " " << r[2] << "\n";
+      }
+      if (!mode.empty()) {
+        d << "\n\n";
+      }
+    }
+  }
+  std::ostringstream s;
+  s << "set terminal pngcairo size 1000,560 font 'sans,11'\nset grid\nset key top right\n"
+    << "set output '" << (out / "loss.png").string() << "'\n"
+    << "set title 'torchamp-gpt: training loss per step, per mode (C++ solid, Python dashed)'\n"
+    << "set xlabel 'step'\nset ylabel 'cross-entropy (batch)'\nplot ";
+  for (size_t i = 0; i < titles.size(); ++i) {
+    const bool python = titles[i].find("(Python)") != std::string::npos;
+    s << (i ? ", " : "") << "'" << data.string() << "' index " << i
+      << " using 1:2 with lines lw 1.5" << (python ? " dt 2" : "") << " title '" << titles[i]
+      << "' noenhanced";
+  }
+  s << (titles.empty() ? "0 notitle" : "") << "\n";
+  const fs::path gp = out / "plot.gp";
+  std::ofstream(gp) << s.str();
+  const bool ok = torchamp_apps::run_gnuplot(gp.string());
+  fs::remove(data);
+  return ok;
+}
+
+void report(const fs::path& out) {
+  std::cout << "\n";
+  print_table(out, std::cout);
+  if (plot(out)) {
+    std::cout << "\nplot: " << (out / "loss.png").string() << "\n";
+  }
+}
+
+struct Args {
+  Config config;
+  std::string size = "small";
+  std::string out;
+  std::string report_dir;
+  bool list_modes = false;
+  int64_t checkpoint_every = 0;
+  int64_t sample_chars = 200;
+  int64_t log_every = 0;
+  int threads = 0;
+  double timeout_s = 300;
+};
+
+// Parses argv into `a`; returns -1 to go on, else the exit code.
+int parse(int argc, char** argv, Args& a) {
+  CLI::App app{
+      "torchamp-gpt: a character-level GPT (nanoGPT's model) trained on the King James Bible "
+      "in C++, once per precision mode, from the same initial weights over the same batches."};
+  // An option given twice takes its last value (a script's defaults, then
+  // the user's own); --modes gathers every list it is given.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  Config& c = a.config;
+  std::string size_help = "Model size:";
+  std::vector<std::string> size_names;
+  for (const auto& s : kSizes) {
+    size_help += std::string("\n  ") + s.name + ": " + s.summary;
+    size_names.push_back(s.name);
+  }
+  app.add_option("--size", a.size, size_help)
+      ->check(CLI::IsMember(size_names))
+      ->capture_default_str();
+  int64_t layers = 0, heads = 0, d_model = 0, context = 0, batch = 0;
+  app.add_option("--layers", layers, "Transformer blocks (default: the size's)")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--heads", heads, "Attention heads (default: the size's)")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--d-model", d_model, "Embedding width (default: the size's)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--context", context, "Context length in characters (default: the size's)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--batch-size", batch, "Sequences per micro-batch and rank (default: the size's)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--accum", c.accum,
+                 "Micro-batches per step (gradient accumulation; under "
+                 "torchrun all but the last run under DDP's no_sync)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--steps", c.steps, "Optimizer steps per mode")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
+  app.add_option("--warmup", c.warmup, "Steps of linear learning-rate warmup")
+      ->check(CLI::Range(0, 100000000))
+      ->capture_default_str();
+  app.add_option("--lr", c.lr, "Peak learning rate (cosine decay to --min-lr)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--min-lr", c.min_lr, "Final learning rate")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay, on matrices only")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--clip", c.clip, "Clip the (unscaled) gradient norm to this")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--dropout", c.model.dropout, "Dropout probability")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  app.add_option("--eval-every", c.eval_every, "Validation loss every N steps (and at the end)")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
+  app.add_option("--eval-batches", c.eval_batches, "Validation micro-batches")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--vocab", c.vocab, "Embedding rows (0: the corpus's distinct characters)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--init-scale", c.init_scale, "GradScaler initial scale")
+      ->check(CLI::Range(1e-38, 3.4e38))
+      ->capture_default_str();
+  app.add_option("--growth-interval", c.growth_interval, "GradScaler growth interval")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--seed", c.seed, "Seed of the initial weights, batches and dropout")
+      ->capture_default_str();
+  std::vector<std::string> names;
+  for (const auto& m : known_modes()) {
+    names.push_back(m.name);
+  }
+  c.modes = default_modes();
+  app.add_option("--modes", c.modes,
+                 "Modes to run, comma-separated (default: those available here)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(names))
+      ->capture_default_str()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_flag("--checkpoint-layers", c.model.checkpoint_layers,
+               "Activation checkpointing per block (torchamp::checkpoint): less memory, more time");
+  c.data = TORCHAMP_GPT_DEFAULT_DATA;
+  app.add_option("--data", c.data, "Text file to train on")->capture_default_str();
+  app.add_option("--out", a.out,
+                 "Run folder (default runs/gpt-<date-time>/). One that holds a run of the same "
+                 "options continues it from its last checkpoint (torchrun --max-restarts); one of "
+                 "other options is an error");
+  app.add_option("--checkpoint-every", a.checkpoint_every, "Checkpoint every N steps (0: none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--threads", a.threads, "ATen's threads (0: its default)")
+      ->check(CLI::Range(0, 1024));
+  app.add_flag("--deterministic,!--nondeterministic", c.deterministic,
+               "MKL on one thread so that the same command writes the same numbers (default); "
+               "--nondeterministic: MKL's own threads (benchmarks on more than one thread)");
+  app.add_option("--sample", a.sample_chars, "Characters each trained model writes at the end")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  app.add_option("--log-every", a.log_every, "Progress line every N steps (0: ten a mode)")
+      ->check(CLI::Range(0, 100000000));
+  app.add_option("--timeout", a.timeout_s, "Seconds a collective may wait for the other ranks")
+      ->check(CLI::Range(1.0, 86400.0));
+  app.add_flag("--list-modes", a.list_modes,
+               "Print every mode, whether it runs here, and what it is; then exit");
+  app.add_option("--report", a.report_dir,
+                 "Only print the table and plot of this run folder "
+                 "(with Python's run where it has one)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  for (const auto& s : kSizes) {
+    if (a.size == s.name) {
+      c.model.layers = layers ? layers : s.layers;
+      c.model.heads = heads ? heads : s.heads;
+      c.model.d_model = d_model ? d_model : s.d_model;
+      c.model.context = context ? context : s.context;
+      c.batch_size = batch ? batch : s.batch_size;
+    }
+  }
+  return -1;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v ? std::atoi(v) : fallback;
+}
+
+// Throws std::invalid_argument for what makes the run impossible; nothing is
+// written before this passes.
+void check(const Config& c) {
+  if (c.data.empty()) {
+    throw std::invalid_argument(
+        "no corpus: this build found no King James Bible (Debian's bible-kjv); pass --data FILE");
+  }
+  if (c.model.d_model % c.model.heads != 0) {
+    throw std::invalid_argument("--d-model " + std::to_string(c.model.d_model) +
+                                " is not a multiple of --heads " + std::to_string(c.model.heads));
+  }
+  if (c.modes.empty()) {
+    throw std::invalid_argument("--modes names no mode");
+  }
+  for (const auto& name : c.modes) {
+    if (!mode_available(find_mode(name))) {
+      throw std::invalid_argument("mode " + name + " (" + find_mode(name).summary +
+                                  ") does not run with this LibTorch on this machine");
+    }
+  }
+  if (c.min_lr > c.lr) {
+    throw std::invalid_argument("--min-lr " + g17(c.min_lr) + " exceeds --lr " + g17(c.lr));
+  }
+}
+
+// The run folder: new, or one of the same options to continue. Returns the
+// checkpoint to resume from ("" for none); throws std::invalid_argument for
+// a folder of another run or of something else.
+std::string open_run_folder(const fs::path& out, const Config& c, bool& finished) {
+  finished = false;
+  if (!fs::exists(out) || fs::is_empty(out)) {
+    return "";
+  }
+  if (!fs::exists(out / "options.txt")) {
+    throw std::invalid_argument("--out " + out.string() +
+                                " is neither empty nor a torchamp-gpt run folder");
+  }
+  const auto diff = torchamp_apps::first_difference(
+      torchamp_apps::read_options((out / "options.txt").string()), c.to_options());
+  if (!diff.empty()) {
+    throw std::invalid_argument("--out " + out.string() + " holds a run of other options (" + diff +
+                                "; its options.txt vs this command's)");
+  }
+  finished = fs::exists(out / "finished");
+  return fs::exists(out / "checkpoint.pt") ? (out / "checkpoint.pt").string() : "";
+}
+
+// Truncates a log to `bytes` (the checkpoint's record of it).
+void truncate_to(const fs::path& p, int64_t bytes) {
+  if (fs::exists(p)) {
+    fs::resize_file(p, static_cast<uintmax_t>(bytes));
+  }
+}
+
+int64_t skips_so_far(const fs::path& metrics, const std::string& mode) {
+  int64_t n = 0;
+  for (const auto& r : read_csv(metrics)) {
+    if (r.size() > 5 && r[0] == mode) {
+      n = std::stoll(r[5]);
+    }
+  }
+  return n;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> form_group(int world, double timeout_s) {
+  if (world <= 1) {
+    return {};
+  }
+#if TORCHAMP_WITH_DISTRIBUTED
+  try {
+    return torchamp::init_process_group(torchamp::ProcessGroupOptions().backend("gloo").timeout(
+        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000))));
+  } catch (const c10::ValueError& e) {  // the launch environment
+    throw std::invalid_argument(e.what_without_backtrace());
+  }
+#else
+  (void)timeout_s;
+  throw std::invalid_argument("WORLD_SIZE " + std::to_string(world) +
+                              ": this torchamp was built without process groups");
+#endif
+}
+
+int train(Args& a) {
+  Config& c = a.config;
+  c.world = env_int("WORLD_SIZE", 1);
+  const int rank = env_int("RANK", 0);
+  check(c);
+  const Corpus corpus = Corpus::load(c.data, c.model.context, c.vocab);
+  if (a.out.empty()) {
+    char stamp[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%d_%H-%M-%S", std::localtime(&now));
+    a.out = std::string("runs/gpt-") + stamp;
+  }
+  const fs::path out = a.out;
+  bool finished = false;
+  const std::string resume = open_run_folder(out, c, finished);
+  if (finished) {
+    std::cout << "torchamp-gpt: " << out.string() << " holds a finished run of these options\n";
+    if (rank == 0) {
+      report(out);
+    }
+    return 0;
+  }
+  if (a.threads > 0) {
+    at::set_num_threads(a.threads);
+  }
+  const bool pinned = c.deterministic && torchamp_apps::pin_mkl_to_one_thread();
+  Runtime rt;
+  rt.group = form_group(c.world, a.timeout_s);
+  rt.rank = rank;
+  rt.checkpoint_every = a.checkpoint_every;
+  rt.checkpoint_path = (out / "checkpoint.pt").string();
+  rt.sample_chars = a.sample_chars;
+
+  Position start;
+  if (!resume.empty()) {
+    start = read_position(resume);
+  }
+  std::ofstream metrics, summary;
+  if (rank == 0) {
+    fs::create_directories(out / "ranks");
+    torchamp_apps::write_options((out / "options.txt").string(), c.to_options());
+    // Not an option of the numbers: the Python twin's default thread count.
+    std::ofstream(out / "runtime.txt") << "threads=" << at::get_num_threads() << "\n";
+    save_initial((out / "init.pt").string(), c, std::max(c.vocab, corpus.vocab_size()));
+    if (resume.empty()) {
+      std::ofstream(out / "metrics.csv") << kMetricsHeader << "\n";
+      std::ofstream(out / "summary.csv") << kSummaryHeader << "\n";
+    } else {
+      truncate_to(out / "metrics.csv", start.metrics_bytes);
+      truncate_to(out / "summary.csv", start.summary_bytes);
+    }
+    metrics.open(out / "metrics.csv", std::ios::app);
+    summary.open(out / "summary.csv", std::ios::app);
+  }
+  std::cout << "torchamp-gpt " << TORCHAMP_VERSION << ": " << corpus.train.size(0) << " + "
+            << corpus.val.size(0) << " characters (" << corpus.vocab_size() << " distinct) from "
+            << c.data << "; " << c.model.layers << " layers, d " << c.model.d_model << ", "
+            << c.model.heads << " heads, context " << c.model.context << "; batch " << c.batch_size
+            << " x " << c.accum << " x " << c.world << " rank(s); " << at::get_num_threads()
+            << " thread(s)" << (pinned ? ", MKL pinned to one" : "") << "\n";
+  if (!resume.empty()) {
+    std::cout << "resuming at mode " << start.mode_index + 1 << "/" << c.modes.size() << ", step "
+              << start.step << " from " << resume << "\n";
+  }
+  const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(1, c.steps / 10);
+  std::vector<std::string> samples;
+  for (int64_t i = start.mode_index; i < static_cast<int64_t>(c.modes.size()); ++i) {
+    const std::string& name = c.modes[static_cast<size_t>(i)];
+    const bool here = i == start.mode_index && start.step > 0;
+    int64_t skipped = here && rank == 0 ? skips_so_far(out / "metrics.csv", name) : 0;
+    double window_s = 0;
+    int64_t window_steps = 0;
+    rt.on_step = [&](const StepRow& r) {
+      skipped += r.skipped;
+      window_s += r.seconds;
+      ++window_steps;
+      if (rank == 0) {
+        metrics << r.mode << "," << r.step << "," << g17(r.loss) << "," << g17(r.val_loss) << ","
+                << g17(r.scale) << "," << skipped << "," << g17(r.lr) << "\n";
+      }
+      if ((r.step + 1) % log_every == 0 || r.step + 1 == c.steps) {
+        char line[256];
+        const double tps =
+            static_cast<double>(window_steps * c.batch_size * c.accum * c.world * c.model.context) /
+            window_s;
+        std::snprintf(
+            line, sizeof line,
+            "%-12s step %5lld/%lld  loss %.4f%s  %7.0f tokens/s  scale %g  skipped %lld",
+            r.mode.c_str(), static_cast<long long>(r.step + 1), static_cast<long long>(c.steps),
+            r.loss, std::isnan(r.val_loss) ? "" : ("  val " + g17(r.val_loss).substr(0, 6)).c_str(),
+            tps, r.scale, static_cast<long long>(skipped));
+        if (rank == 0) {
+          std::cout << line << std::endl;
+        }
+        window_s = 0;
+        window_steps = 0;
+      }
+    };
+    rt.bookmark = [&](Position& p) {
+      if (rank == 0) {
+        metrics.flush();
+        summary.flush();
+      }
+      p.metrics_bytes = file_size_or_zero(out / "metrics.csv");
+      p.summary_bytes = file_size_or_zero(out / "summary.csv");
+    };
+    ModeResult r = train_mode(corpus, c, i, rt, here ? resume : "");
+    r.skipped = skipped;
+    std::ofstream(out / "ranks" / ("rank" + std::to_string(rank) + ".txt"), std::ios::app)
+        << r.mode << " " << r.weights << "\n";
+    if (rank == 0) {
+      summary << r.mode << "," << g17(r.val_loss) << "," << g17(r.train_loss) << "," << r.skipped
+              << "," << g17(r.final_scale) << "," << g17(r.tokens_per_s) << "," << g17(r.step_ms)
+              << "," << g17(r.peak_rss_mb) << "," << g17(r.bytes_per_param) << "," << r.params
+              << "," << r.weights << "," << g17(r.start_rss_mb) << "\n";
+      Position next{i + 1, 0, 0, 0};
+      rt.bookmark(next);
+      save_position(rt.checkpoint_path, next);
+      std::ofstream(out / ("sample-" + r.mode + ".txt")) << r.sample << "\n";
+      samples.push_back(r.mode + ":\n" + r.sample);
+    }
+  }
+  if (rank == 0) {
+    metrics.close();
+    summary.close();
+    std::ofstream(out / "finished") << "1\n";
+    if (a.sample_chars > 0) {
+      std::cout << "\nWhat each model writes (" << a.sample_chars << " characters after a newline, "
+                << "temperature 0.8):\n";
+      for (const auto& s : samples) {
+        std::cout << "--- " << s << "\n";
+      }
+    }
+    report(out);
+    std::cout << "\nrun folder: " << out.string() << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (const int rc = parse(argc, argv, a); rc >= 0) {
+    return rc;
+  }
+  try {
+    if (a.list_modes) {
+      for (const auto& m : known_modes()) {
+        std::printf("%-17s %-12s %s\n", m.name.c_str(),
+                    mode_available(m) ? "available" : "unavailable", m.summary.c_str());
+      }
+      return 0;
+    }
+    if (!a.report_dir.empty()) {
+      report(a.report_dir);
+      return 0;
+    }
+    return train(a);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "torchamp-gpt: error: " << e.what() << "\n";
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "torchamp-gpt: error: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "torchamp-gpt: error: " << e.what() << "\n";
+    return 1;
+  }
+}

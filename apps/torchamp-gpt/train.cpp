@@ -1,0 +1,445 @@
+#include "train.h"
+
+#include <torchamp/autocast.h>
+#include <torchamp/grad_scaler.h>
+#include <torchamp/optim.h>
+#if TORCHAMP_WITH_DISTRIBUTED
+#include <torchamp/data_parallel.h>
+#endif
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <tuple>
+
+namespace torchamp_gpt {
+
+namespace {
+
+using torchamp_apps::Options;
+
+std::string g17(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// nanoGPT's schedule: a linear warmup to `lr`, then a cosine down to
+// `min_lr` at the last step (gpt_python.py computes the same doubles).
+double lr_at(const Config& c, int64_t step) {
+  if (step < c.warmup) {
+    return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup + 1);
+  }
+  const double span = static_cast<double>(std::max<int64_t>(1, c.steps - c.warmup));
+  const double ratio = std::min(1.0, static_cast<double>(step - c.warmup) / span);
+  const double pi = 3.14159265358979323846;
+  return c.min_lr + 0.5 * (1.0 + std::cos(pi * ratio)) * (c.lr - c.min_lr);
+}
+
+// The seed of a micro-batch's dropout masks: the same micro-batch (by its
+// index in the global batch) draws the same masks on any number of ranks.
+uint64_t dropout_seed(const Config& c, int64_t step, int64_t micro) {
+  return c.seed * 1000003u + static_cast<uint64_t>(step) * 1009u + static_cast<uint64_t>(micro);
+}
+
+std::string fnv1a(const std::vector<at::Tensor>& tensors) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& t : tensors) {
+    const auto c = t.detach().cpu().contiguous();
+    const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+    for (size_t i = 0; i < c.nbytes(); ++i) {
+      h = (h ^ p[i]) * 1099511628211ull;
+    }
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// nanoGPT's groups: weight decay on the matrices (embeddings and Linear
+// weights), none on biases and LayerNorms.
+torchamp::optim::AdamW make_optimizer(GPT& model, const Config& c, bool masters) {
+  std::vector<at::Tensor> decay, rest;
+  for (const auto& p : model->parameters()) {
+    (p.dim() >= 2 ? decay : rest).push_back(p);
+  }
+  auto options = [&](double wd) {
+    return torch::optim::AdamWOptions(c.lr)
+        .betas(std::make_tuple(0.9, 0.95))
+        .eps(1e-8)
+        .weight_decay(wd);
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options(c.weight_decay)));
+  groups.emplace_back(rest, std::make_unique<torch::optim::AdamWOptions>(options(0.0)));
+  return torchamp::optim::AdamW(std::move(groups), options(c.weight_decay),
+                                torchamp::optim::FusedOptions().master_weights(masters));
+}
+
+void write_int(torch::serialize::OutputArchive& a, const std::string& key, int64_t v) {
+  a.write(key, torch::tensor(v));
+}
+int64_t read_int(torch::serialize::InputArchive& a, const std::string& key) {
+  at::Tensor t;
+  a.read(key, t);
+  return t.item<int64_t>();
+}
+
+void write_position(torch::serialize::OutputArchive& a, const Position& p) {
+  write_int(a, "mode_index", p.mode_index);
+  write_int(a, "step", p.step);
+  write_int(a, "metrics_bytes", p.metrics_bytes);
+  write_int(a, "summary_bytes", p.summary_bytes);
+}
+
+Position read_position(torch::serialize::InputArchive& a) {
+  Position p;
+  p.mode_index = read_int(a, "mode_index");
+  p.step = read_int(a, "step");
+  p.metrics_bytes = read_int(a, "metrics_bytes");
+  p.summary_bytes = read_int(a, "summary_bytes");
+  return p;
+}
+
+// One mode's training state: the model, its optimizer and scaler, and, on
+// more than one process, its DistributedDataParallel.
+struct Trainer {
+  const Corpus& corpus;
+  const Config& c;
+  const Mode& mode;
+  const Runtime& rt;
+  GPT model;
+  torchamp::optim::AdamW opt;
+  torchamp::GradScaler scaler;
+#if TORCHAMP_WITH_DISTRIBUTED
+  std::unique_ptr<torchamp::DistributedDataParallel> ddp;
+#endif
+
+  Trainer(const Corpus& corpus_, const Config& c_, const Mode& mode_, const Runtime& rt_)
+      : corpus(corpus_),
+        c(c_),
+        mode(mode_),
+        rt(rt_),
+        model(initial_model(c_, std::max(c_.vocab, corpus_.vocab_size()))),
+        opt((model->to(mode_.device, mode_.params), make_optimizer(model, c_, mode_.masters))),
+        scaler(torchamp::GradScalerOptions()
+                   .init_scale(c_.init_scale)
+                   .growth_interval(c_.growth_interval)
+                   .enabled(mode_.scaler)) {}
+
+  // Data-parallel from here on (after a resume's load: Module::load gives the
+  // parameters new storage, which a Reducer built before would not see).
+  void distribute() {
+#if TORCHAMP_WITH_DISTRIBUTED
+    if (rt.group) {
+      // Summed, not averaged: each rank's loss is already weighted by its
+      // share (micro_step), so a rank's float16 activation gradients are the
+      // size of the one-process run's and overflow where they do.
+      ddp = std::make_unique<torchamp::DistributedDataParallel>(
+          model.ptr(), rt.group,
+          torchamp::DistributedDataParallelOptions().average_gradients(false));
+    }
+#endif
+  }
+
+  at::Tensor logits(const at::Tensor& x) {
+    std::optional<torchamp::autocast> guard;
+    if (mode.autocast) {
+      guard.emplace(mode.device, *mode.autocast);
+    }
+#if TORCHAMP_WITH_DISTRIBUTED
+    if (ddp && model->is_training()) {
+      return ddp->forward([&] { return model->forward(x); });
+    }
+#endif
+    return model->forward(x);
+  }
+
+  at::Tensor loss_of(const at::Tensor& split, const std::vector<int64_t>& starts) {
+    auto [x, y] = batch(split, starts, c.model.context);
+    const auto out = logits(x.to(mode.device));
+    return at::cross_entropy_loss(out.to(at::kFloat).view({-1, out.size(-1)}),
+                                  y.to(mode.device).view({-1}));
+  }
+
+  // One micro-batch's forward and backward; its loss, unscaled and weighted
+  // by its share of the global batch (1 / (accum x world)).
+  double micro_step(int64_t step, int64_t m) {
+    const int64_t micro = m * c.world + rt.rank;
+    torch::manual_seed(dropout_seed(c, step, micro));
+    const auto starts = offsets(c.seed, 0, step, micro * c.batch_size, c.batch_size,
+                                corpus.train.size(0), c.model.context);
+#if TORCHAMP_WITH_DISTRIBUTED
+    std::optional<torchamp::DistributedDataParallel::NoSync> no_sync;
+    if (ddp && m + 1 < c.accum) {
+      no_sync.emplace(ddp->no_sync());  // these gradients stay local
+    }
+#endif
+    const auto loss = loss_of(corpus.train, starts) / static_cast<double>(c.accum * c.world);
+    scaler.scale(loss).backward();
+    return loss.item<double>();
+  }
+
+  double global_sum(double local) {
+#if TORCHAMP_WITH_DISTRIBUTED
+    if (rt.group) {
+      std::vector<at::Tensor> v{torch::tensor({local}, at::kDouble)};
+      rt.group->allreduce(v)->wait();
+      return v[0].item<double>();
+    }
+#endif
+    return local;
+  }
+
+  double validate() {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    double sum = 0;
+    for (int64_t e = 0; e < c.eval_batches; ++e) {
+      const auto starts = offsets(c.seed, 1, 0, e * c.batch_size, c.batch_size, corpus.val.size(0),
+                                  c.model.context);
+      sum += loss_of(corpus.val, starts).item<double>();
+    }
+    model->train();
+    return sum / static_cast<double>(c.eval_batches);
+  }
+
+  std::string sample(int64_t n) {
+    torch::manual_seed(c.seed);
+    model->eval();
+    std::optional<torchamp::autocast> guard;
+    if (mode.autocast) {
+      guard.emplace(mode.device, *mode.autocast);
+    }
+    const auto ids = model->generate(corpus.encode("\n").to(mode.device), n, 0.8);
+    guard.reset();
+    model->train();
+    return corpus.decode(ids.slice(1, 1));
+  }
+
+  void save(const std::string& path, const Position& position) {
+    torch::serialize::OutputArchive a, m, o, s;
+    write_position(a, position);
+    model->save(m);
+    opt.save(o);
+    s << scaler;
+    a.write("model", m);
+    a.write("optimizer", o);
+    a.write("scaler", s);
+    torchamp_apps::save_atomically(a, path);
+  }
+
+  void load(const std::string& path) {
+    torch::serialize::InputArchive a, m, o, s;
+    a.load_from(path);
+    a.read("model", m);
+    a.read("optimizer", o);
+    a.read("scaler", s);
+    model->load(m);
+    opt.load(o);
+    s >> scaler;
+  }
+};
+
+}  // namespace
+
+const std::vector<Mode>& known_modes() {
+  using c10::DeviceType;
+  static const std::vector<Mode> modes = {
+      {"fp32", DeviceType::CPU, std::nullopt, at::kFloat, false, false, "float32 throughout"},
+      {"bf16", DeviceType::CPU, at::kBFloat16, at::kFloat, false, false,
+       "bfloat16 autocast, float32 parameters"},
+      {"bf16-params", DeviceType::CPU, std::nullopt, at::kBFloat16, false, true,
+       "bfloat16 parameters, float32 master weights in the fused AdamW"},
+      {"fp16+scaler", DeviceType::CPU, at::kHalf, at::kFloat, true, false,
+       "float16 autocast (LibTorch >= 2.2), GradScaler"},
+      {"cuda-fp16+scaler", DeviceType::CUDA, at::kHalf, at::kFloat, true, false,
+       "CUDA float16 autocast, GradScaler"},
+      {"cuda-bf16", DeviceType::CUDA, at::kBFloat16, at::kFloat, false, false,
+       "CUDA bfloat16 autocast"},
+  };
+  return modes;
+}
+
+bool mode_available(const Mode& mode) {
+  if (mode.device == c10::DeviceType::CUDA && !torch::cuda::is_available()) {
+    return false;
+  }
+  return !mode.autocast || torchamp::autocast::is_supported(mode.device, *mode.autocast);
+}
+
+const Mode& find_mode(const std::string& name) {
+  for (const auto& m : known_modes()) {
+    if (m.name == name) {
+      return m;
+    }
+  }
+  throw std::invalid_argument("unknown mode '" + name + "'");
+}
+
+std::vector<std::string> default_modes() {
+  std::vector<std::string> out;
+  for (const auto& m : known_modes()) {
+    if (mode_available(m)) {
+      out.push_back(m.name);
+    }
+  }
+  return out;
+}
+
+Options Config::to_options() const {
+  std::string mode_list;
+  for (const auto& m : modes) {
+    mode_list += (mode_list.empty() ? "" : ",") + m;
+  }
+  return {{"layers", std::to_string(model.layers)},
+          {"heads", std::to_string(model.heads)},
+          {"d_model", std::to_string(model.d_model)},
+          {"context", std::to_string(model.context)},
+          {"dropout", g17(model.dropout)},
+          {"checkpoint_layers", model.checkpoint_layers ? "1" : "0"},
+          {"vocab", std::to_string(vocab)},
+          {"batch_size", std::to_string(batch_size)},
+          {"accum", std::to_string(accum)},
+          {"steps", std::to_string(steps)},
+          {"warmup", std::to_string(warmup)},
+          {"eval_every", std::to_string(eval_every)},
+          {"eval_batches", std::to_string(eval_batches)},
+          {"lr", g17(lr)},
+          {"min_lr", g17(min_lr)},
+          {"weight_decay", g17(weight_decay)},
+          {"clip", g17(clip)},
+          {"init_scale", g17(init_scale)},
+          {"growth_interval", std::to_string(growth_interval)},
+          {"seed", std::to_string(seed)},
+          {"data", data},
+          {"modes", mode_list},
+          {"deterministic", deterministic ? "1" : "0"},
+          {"world", std::to_string(world)}};
+}
+
+GPT initial_model(const Config& config, int64_t vocab) {
+  torch::manual_seed(config.seed);
+  GPTConfig g = config.model;
+  g.vocab = vocab;
+  return GPT(g);
+}
+
+void save_initial(const std::string& path, const Config& config, int64_t vocab) {
+  auto model = initial_model(config, vocab);
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& p : model->named_parameters()) {
+    dict.insert(p.key(), p.value().detach());
+  }
+  const auto bytes = torch::pickle_save(c10::IValue(dict));
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) {
+    throw std::runtime_error("cannot write " + path);
+  }
+}
+
+Position read_position(const std::string& checkpoint_path) {
+  torch::serialize::InputArchive a;
+  a.load_from(checkpoint_path);
+  return read_position(a);
+}
+
+void save_position(const std::string& checkpoint_path, const Position& position) {
+  torch::serialize::OutputArchive a;
+  write_position(a, position);
+  torchamp_apps::save_atomically(a, checkpoint_path);
+}
+
+ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index, const Runtime& rt,
+                      const std::string& resume) {
+  const Mode& mode = find_mode(c.modes.at(static_cast<size_t>(mode_index)));
+  torchamp_apps::reset_peak_rss();
+  const double start_rss = torchamp_apps::rss_mb();
+  Trainer t(corpus, c, mode, rt);
+  int64_t start = 0;
+  if (!resume.empty()) {
+    const Position p = read_position(resume);
+    if (p.mode_index == mode_index && p.step > 0) {
+      t.load(resume);
+      start = p.step;
+    }
+  }
+  t.distribute();
+  ModeResult r;
+  r.mode = mode.name;
+  double seconds = 0, last_loss = std::numeric_limits<double>::quiet_NaN();
+  const auto params = t.model->parameters();
+  for (int64_t step = start; step < c.steps; ++step) {
+    const double lr = lr_at(c, step);
+    for (auto& group : t.opt.param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss = 0;
+    for (int64_t m = 0; m < c.accum; ++m) {
+      loss += t.micro_step(step, m);
+    }
+    t.scaler.unscale_(t.opt);  // the real gradients, to clip them
+    torch::nn::utils::clip_grad_norm_(params, c.clip);
+    const bool stepped = t.scaler.step(t.opt).has_value();
+    t.scaler.update();
+    t.opt.zero_grad();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    last_loss = t.global_sum(loss);
+    StepRow row{mode.name,
+                step,
+                last_loss,
+                std::numeric_limits<double>::quiet_NaN(),
+                mode.scaler ? t.scaler.get_scale() : 1.0,
+                stepped ? 0 : 1,
+                lr,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+    if ((step + 1) % c.eval_every == 0 || step + 1 == c.steps) {
+      row.val_loss = t.validate();
+    }
+    rt.on_step(row);
+    torchamp_apps::maybe_die_after_step();
+    if (rt.checkpoint_every > 0 && (step + 1) % rt.checkpoint_every == 0 && step + 1 < c.steps) {
+      Position p{mode_index, step + 1, 0, 0};
+      rt.bookmark(p);
+      if (rt.rank == 0) {
+        t.save(rt.checkpoint_path, p);
+      }
+    }
+    r.val_loss = row.val_loss;
+  }
+  const int64_t ran = c.steps - start;
+  r.train_loss = last_loss;
+  r.final_scale = mode.scaler ? t.scaler.get_scale() : 1.0;
+  r.step_ms = ran > 0 ? 1e3 * seconds / static_cast<double>(ran) : 0.0;
+  r.tokens_per_s =
+      seconds > 0
+          ? static_cast<double>(ran * c.batch_size * c.accum * c.world * c.model.context) / seconds
+          : 0.0;
+  r.peak_rss_mb = torchamp_apps::peak_rss_mb();
+  r.start_rss_mb = start_rss;
+  r.bytes_per_param = torchamp_apps::bytes_per_param(t.opt, params);
+  for (const auto& p : params) {
+    r.params += p.numel();
+  }
+  r.weights = fnv1a(params);
+  if (rt.rank == 0 && rt.sample_chars > 0) {
+    r.sample = t.sample(rt.sample_chars);
+  }
+  return r;
+}
+
+}  // namespace torchamp_gpt

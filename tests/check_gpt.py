@@ -1,0 +1,257 @@
+"""torchamp-gpt, the GPT main job, as a user runs it (tiny models, real text).
+
+    check_gpt.py CASE APP WORK [EXTRA...]
+
+CASE is one of:
+  modes     every mode's loss falls; bf16 and float32 agree on the first
+            steps' losses within 1e-2; the run folder holds what the README
+            says; the same command again reports the finished run
+  errors    a missing or empty corpus, a context longer than the data, a
+            vocabulary that does not fit, an --out of other options: exit 2,
+            a message naming the value, nothing written
+  resume    killed with SIGKILL (after a step, inside a checkpoint write, in
+            the second mode) and run again with the same command: metrics.csv
+            and the table's values byte-identical to the uninterrupted run's
+  parallel  EXTRA = TORCHRUN: 2 ranks under torchrun take the 1-rank run's
+            (accum 2) scales and skips, with the same weights on both ranks;
+            under --max-restarts 1 a rank killed after a checkpoint is
+            restarted and the job ends byte-identical to an uninterrupted one
+  python    EXTRA = PYTHON TWIN: the same run in Python (gpt_python.py
+            --check): step 0's loss within 1e-5 in float32 and float16, the
+            same scales and skips in fp16+scaler. Exit 77 (skip) without a CPU
+            GradScaler in that torch
+"""
+import csv
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+CASE, APP, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+EXTRA = sys.argv[4:]
+shutil.rmtree(WORK, ignore_errors=True)
+os.makedirs(WORK)
+failures = []
+# A tiny model (2 layers, d 32, context 32) and enough steps for the loss
+# to fall; scale 2^20 with growth every 4 steps: float16's gradients overflow
+# at first and the scale backs off, then grows.
+TINY = ["--size", "tiny", "--steps", "30", "--warmup", "3", "--lr", "3e-3", "--eval-every", "10",
+        "--eval-batches", "2", "--sample", "40", "--init-scale", "1048576",
+        "--growth-interval", "4"]
+
+
+def check(ok, what):
+    print(("ok    " if ok else "FAIL  ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def run(args, env=None, expect=0):
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    p = subprocess.run([APP] + args, capture_output=True, text=True, env=full_env)
+    if expect is not None and p.returncode != expect:
+        print(p.stdout[-3000:], p.stderr[-3000:], sep="\n")
+        check(False, "%s exited %d, not %d" % (" ".join(args), p.returncode, expect))
+    return p
+
+
+def rows(path, mode=None):
+    with open(path) as f:
+        return [r for r in csv.DictReader(f) if mode is None or r["mode"] == mode]
+
+
+def modes_of(out):
+    return [r["mode"] for r in rows(os.path.join(out, "summary.csv"))]
+
+
+def table_values(out):
+    # summary.csv without the measured columns (tokens/s, step ms, peak MB).
+    return [(r["mode"], r["val_loss"], r["train_loss"], r["skipped"], r["final_scale"],
+             r["bytes_per_param"], r["params"], r["weights"])
+            for r in rows(os.path.join(out, "summary.csv"))]
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def case_modes():
+    out = os.path.join(WORK, "run")
+    p = run(TINY + ["--out", out])
+    modes = modes_of(out)
+    check("fp32" in modes and "bf16" in modes and "bf16-params" in modes,
+          "the CPU modes ran: %s" % modes)
+    for mode in modes:
+        losses = [float(r["loss"]) for r in rows(os.path.join(out, "metrics.csv"), mode)]
+        first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+        check(len(losses) == 30 and last < first - 0.3,
+              "%s: the loss falls (first steps %.3f, last steps %.3f)" % (mode, first, last))
+    fp32 = [float(r["loss"]) for r in rows(os.path.join(out, "metrics.csv"), "fp32")][:3]
+    bf16 = [float(r["loss"]) for r in rows(os.path.join(out, "metrics.csv"), "bf16")][:3]
+    check(max(abs(a - b) for a, b in zip(fp32, bf16)) <= 1e-2,
+          "bf16 and fp32 agree on the first 3 steps' losses within 1e-2: %s vs %s" % (fp32, bf16))
+    if "fp16+scaler" in modes:
+        fp16 = rows(os.path.join(out, "metrics.csv"), "fp16+scaler")
+        scales = [float(r["scale"]) for r in fp16]
+        check(int(fp16[-1]["skipped"]) > 0 and max(scales) > min(scales),
+              "fp16+scaler: the scaler skipped %s steps, its scale moved %g..%g"
+              % (fp16[-1]["skipped"], min(scales), max(scales)))
+    for name in ("options.txt", "init.pt", "metrics.csv", "summary.csv", "sample-fp32.txt",
+                 "ranks/rank0.txt", "finished"):
+        check(os.path.exists(os.path.join(out, name)), "the run folder holds " + name)
+    if shutil.which("gnuplot"):
+        check(os.path.getsize(os.path.join(out, "loss.png")) > 1000, "loss.png was drawn")
+    check("| mode | val loss | tokens/s |" in p.stdout and "vs fp32" in p.stdout,
+          "the table is printed")
+    check("tokens/s" in p.stdout and "scale" in p.stdout, "progress lines are printed")
+    again = run(TINY + ["--out", out])
+    check("holds a finished run" in again.stdout, "the same command again reports the finished run")
+    rep = run(["--report", out])
+    check("| fp32 |" in rep.stdout, "--report prints the table")
+
+
+def case_errors():
+    corpus = os.path.join(WORK, "small.txt")
+    with open(corpus, "w") as f:
+        f.write("In the beginning God created the heaven and the earth.\n" * 4)  # 224 chars
+    empty = os.path.join(WORK, "empty.txt")
+    open(empty, "w").close()
+    out = os.path.join(WORK, "out")
+    bad = [
+        (["--data", os.path.join(WORK, "missing.txt")], "missing.txt", "a missing corpus"),
+        (["--data", empty], "is empty", "an empty corpus"),
+        (["--data", corpus, "--context", "300"], "--context 300", "a context longer than the data"),
+        (["--data", corpus, "--vocab", "10"], "--vocab 10", "a vocabulary that does not fit"),
+        (["--d-model", "30", "--heads", "4"], "--d-model 30", "heads that do not divide d"),
+        (["--modes", "nosuch"], "nosuch", "an unknown mode"),
+    ]
+    for args, needle, what in bad:
+        p = run(TINY + args + ["--out", out], expect=2)
+        check(p.returncode == 2 and needle in p.stderr,
+              "%s: exit 2 naming it (%s)" % (what, p.stderr.strip().splitlines()[-1:]))
+        check(not os.path.exists(out), "%s: nothing written" % what)
+    # An --out holding another run's options: named, and the folder untouched.
+    run(TINY + ["--steps", "2", "--modes", "fp32", "--out", out])
+    before = {n: read(os.path.join(out, n)) for n in sorted(os.listdir(out))
+              if os.path.isfile(os.path.join(out, n))}
+    p = run(TINY + ["--steps", "3", "--modes", "fp32", "--out", out], expect=2)
+    check("steps: 2 vs 3" in p.stderr, "another run's --out: exit 2 naming the option (%s)"
+          % p.stderr.strip())
+    after = {n: read(os.path.join(out, n)) for n in sorted(os.listdir(out))
+             if os.path.isfile(os.path.join(out, n))}
+    check(before == after, "another run's --out: left as it was")
+
+
+def case_resume():
+    args = TINY + ["--steps", "16", "--modes", "fp32,fp16+scaler" if fp16_here() else "fp32,bf16",
+                   "--checkpoint-every", "5", "--sample", "0"]
+    full = os.path.join(WORK, "full")
+    run(args + ["--out", full])
+    kills = [("TORCHAMP_TRAIN_KILL_AT_STEP", "7", "after step 7 of the first mode", 5),
+             ("TORCHAMP_TRAIN_KILL_IN_CHECKPOINT", "2", "inside its second checkpoint write", 5),
+             ("TORCHAMP_TRAIN_KILL_AT_STEP", "28", "in the second mode, after step 12", 10)]
+    for var, value, what, step in kills:
+        out = os.path.join(WORK, "killed-%s-%s" % (var[-4:], value))
+        p = run(args + ["--out", out], env={var: value}, expect=None)
+        check(p.returncode == -9, "killed %s (SIGKILL: %d)" % (what, p.returncode))
+        q = run(args + ["--out", out])
+        check(", step %d from" % step in q.stdout,
+              "killed %s: resumed at step %d of its mode (%s)"
+              % (what, step, [l for l in q.stdout.splitlines() if "resuming" in l]))
+        check(read(os.path.join(full, "metrics.csv")) == read(os.path.join(out, "metrics.csv")),
+              "killed %s: metrics.csv byte-identical to the uninterrupted run's" % what)
+        check(table_values(full) == table_values(out),
+              "killed %s: the table's values (and weights hashes) are the uninterrupted run's" % what)
+
+
+def fp16_here():
+    # --list-modes: one line a mode, "name available|unavailable summary".
+    return any(l.split()[:2] == ["fp16+scaler", "available"]
+               for l in run(["--list-modes"]).stdout.splitlines())
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(torchrun_bin, n, args, env=None, restarts=0):
+    cmd = [torchrun_bin, "--nproc-per-node", str(n), "--max-restarts", str(restarts),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:%d" % free_port(),
+           "--no-python", APP] + args
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=full_env)
+    if p.returncode != 0:
+        print(p.stdout[-3000:], p.stderr[-3000:], sep="\n")
+    check(p.returncode == 0, "torchrun --nproc-per-node %d (%s): exit %d"
+          % (n, "restarts %d" % restarts, p.returncode))
+    return p
+
+
+def decisions(out, mode):
+    return [(r["step"], r["scale"], r["skipped"]) for r in rows(os.path.join(out, "metrics.csv"), mode)]
+
+
+def case_parallel():
+    torchrun_bin = EXTRA[0]
+    mode = "fp16+scaler" if fp16_here() else "bf16"
+    base = TINY + ["--steps", "12", "--modes", "fp32," + mode, "--sample", "0"]
+    one = os.path.join(WORK, "one")
+    run(base + ["--accum", "2", "--out", one])
+    two = os.path.join(WORK, "two")
+    torchrun(torchrun_bin, 2, base + ["--out", two])
+    check(decisions(one, mode) == decisions(two, mode),
+          "%s: 2 ranks x 1 micro-batch take the 1-rank, 2-micro-batch run's scales and skips" % mode)
+    l1 = [float(r["loss"]) for r in rows(os.path.join(one, "metrics.csv"), "fp32")]
+    l2 = [float(r["loss"]) for r in rows(os.path.join(two, "metrics.csv"), "fp32")]
+    check(max(abs(a - b) for a, b in zip(l1, l2)) < 1e-3,
+          "fp32: 2 ranks' losses = 1 rank's (max diff %.2g)" % max(abs(a - b) for a, b in zip(l1, l2)))
+    r0 = open(os.path.join(two, "ranks", "rank0.txt")).read()
+    r1 = open(os.path.join(two, "ranks", "rank1.txt")).read()
+    check(r0 == r1 and r0.count("\n") == 2, "both ranks end every mode with the same weights")
+    # accumulation under no_sync on 2 ranks: the 1-rank run with 4 micro-batches.
+    four = os.path.join(WORK, "four")
+    run(base + ["--accum", "4", "--out", four])
+    two_acc = os.path.join(WORK, "two-accum")
+    torchrun(torchrun_bin, 2, base + ["--accum", "2", "--out", two_acc])
+    check(decisions(four, mode) == decisions(two_acc, mode),
+          "%s: 2 ranks x 2 micro-batches (no_sync) take the 1-rank, 4-micro-batch run's decisions" % mode)
+    # A rank killed after step 7 (after the checkpoint at step 5), restarted by torchrun.
+    args = base + ["--checkpoint-every", "5"]
+    clean = os.path.join(WORK, "clean")
+    torchrun(torchrun_bin, 2, args + ["--out", clean])
+    killed = os.path.join(WORK, "killed")
+    torchrun(torchrun_bin, 2, args + ["--out", killed], restarts=1,
+             env={"TORCHAMP_TRAIN_KILL_AT_STEP": "7",
+                  "TORCHAMP_TRAIN_KILL_ONCE": os.path.join(WORK, "killed-once")})
+    check(os.path.exists(os.path.join(WORK, "killed-once")), "a rank was killed")
+    check(read(os.path.join(clean, "metrics.csv")) == read(os.path.join(killed, "metrics.csv")),
+          "restarted by torchrun --max-restarts 1: metrics.csv byte-identical")
+    check(table_values(clean) == table_values(killed),
+          "restarted by torchrun: the same final weights and table values")
+
+
+def case_python():
+    python, twin = EXTRA[0], EXTRA[1]
+    out = os.path.join(WORK, "run")
+    modes = "fp32,bf16,bf16-params" + (",fp16+scaler" if fp16_here() else "")
+    run(TINY + ["--steps", "12", "--modes", modes, "--sample", "0", "--out", out])
+    p = subprocess.run([python, twin, out, "--check", "--threads", "1"], capture_output=True,
+                       text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    print(p.stdout[-4000:], p.stderr[-3000:], sep="\n")
+    if p.returncode == 77:
+        sys.exit(77)
+    check(p.returncode == 0, "gpt_python.py --check: the runs agree")
+    rep = run(["--report", out])
+    check("Python tokens/s" in rep.stdout, "--report shows both runs")
+
+
+{"modes": case_modes, "errors": case_errors, "resume": case_resume, "parallel": case_parallel,
+ "python": case_python}[CASE]()
+if failures:
+    print("%d check(s) failed" % len(failures))
+    sys.exit(1)
+print("all checks passed")
