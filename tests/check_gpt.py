@@ -36,7 +36,7 @@ failures = []
 # A tiny model (2 layers, d 32, context 32) and enough steps for the loss
 # to fall; scale 2^20 with growth every 4 steps: float16's gradients overflow
 # at first and the scale backs off, then grows.
-TINY = ["--size", "tiny", "--steps", "30", "--warmup", "3", "--lr", "3e-3", "--eval-every", "10",
+TINY = ["--size", "tiny", "--dropout", "0.1", "--steps", "30", "--warmup", "3", "--lr", "3e-3", "--eval-every", "10",
         "--eval-batches", "2", "--sample", "40", "--init-scale", "1048576",
         "--growth-interval", "4"]
 

@@ -261,7 +261,10 @@ def train_mode(name, o, init, train, val, vocab):
         scaler.step(opt)
         scaler.update()
         opt.zero_grad()
-        seconds += time.perf_counter() - t0
+        if step == 0:
+            first_seconds = time.perf_counter() - t0
+        else:
+            seconds += time.perf_counter() - t0
         scale = scaler.get_scale() if scaled else 1.0
         if scaled and scale < before:
             skipped += 1
@@ -272,12 +275,17 @@ def train_mode(name, o, init, train, val, vocab):
         if (step + 1) % max(1, o["steps"] // 10) == 0 or step + 1 == o["steps"]:
             print("%-12s step %5d/%d  loss %.4f  %7.0f tokens/s  scale %g  skipped %d (Python)"
                   % (name, step + 1, o["steps"], loss,
-                     (step + 1) * B * accum * world * T / seconds, scale, skipped), flush=True)
+                     step * B * accum * world * T / seconds if step else 0.0, scale, skipped),
+                  flush=True)
     params = sum(p.numel() for p in model.parameters())
     state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
                 if torch.is_tensor(t) and t.dim() > 0)
     tensors = sum(p.numel() * p.element_size() * 2 for p in model.parameters())
-    steps = o["steps"]
+    # Over the steps after the first (the C++ side's measure); the first alone
+    # where it ran alone.
+    steps = o["steps"] - 1
+    if steps < 1:
+        steps, seconds = 1, first_seconds
     summary = [name, g17(val_loss), g17(loss), skipped, g17(scaler.get_scale() if scaled else 1.0),
                g17(steps * B * accum * world * T / seconds), g17(1e3 * seconds / steps),
                g17(peak_rss_mb()), g17((state + tensors) / params), params, "-", g17(start_rss)]

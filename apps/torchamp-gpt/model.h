@@ -22,7 +22,7 @@ struct GPTConfig {
   int64_t layers = 6;
   int64_t heads = 6;
   int64_t d_model = 384;
-  double dropout = 0.1;
+  double dropout = 0.0;            // nanoGPT's default; > 0 takes ATen's math attention
   bool checkpoint_layers = false;  // recompute each block in backward (torchamp::checkpoint)
 };
 
