@@ -8,10 +8,12 @@
 #include <torch/utils.h>
 #include <torchamp/torchamp.h>
 
+#include <c10/util/Exception.h>
+
 #include <cmath>
 #include <iostream>
 
-int main() {
+int main() try {
   auto group = torchamp::init_process_group();  // dist.init_process_group(): torchrun's env://
   const int rank = group->getRank(), world = group->getSize();
 
@@ -49,4 +51,8 @@ int main() {
   const double checksum = model[0]->as<torch::nn::Linear>()->weight.sum().item<double>();
   std::cout << "rank " << rank << ": done, scale " << scaler.get_scale() << ", weight sum "
             << checksum << "\n";
+  return 0;
+} catch (const c10::Error& e) {  // torchamp's typed errors (ValueError, ...): no torchrun, say
+  std::cerr << "ddp_train: " << e.what_without_backtrace() << "\n";
+  return 2;
 }

@@ -3,9 +3,10 @@
 // keeps docs/errors.md and this table identical.
 #include <torchamp/autocast.h>
 #include <torchamp/checkpoint.h>
+#include <torchamp/config.h>
 #include <torchamp/grad_scaler.h>
 #include <torchamp/paddle.h>
-#if defined(TORCHAMP_WITH_DISTRIBUTED)
+#if TORCHAMP_WITH_DISTRIBUTED
 #include <torchamp/distributed.h>
 #endif
 
@@ -553,7 +554,7 @@ const std::vector<Row>& rows() {
        [](Fixture& f) { (void)f; },
        [](Fixture& f) {
          (void)f;
-#if defined(TORCHAMP_WITH_DISTRIBUTED)
+#if TORCHAMP_WITH_DISTRIBUTED
          torchamp::all_reduce_found_inf({});
 #else
          TORCH_CHECK_VALUE(false, "all_reduce_found_inf: the process group is null");

@@ -7,6 +7,7 @@
 
 #include "train.h"
 
+#include <torchamp/config.h>
 #include <torchamp/version.h>
 #if TORCHAMP_WITH_DISTRIBUTED
 #include <torchamp/process_group.h>

@@ -1,6 +1,7 @@
 #include "train.h"
 
 #include <torchamp/autocast.h>
+#include <torchamp/config.h>
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
 #if TORCHAMP_WITH_DISTRIBUTED

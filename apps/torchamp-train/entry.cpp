@@ -4,6 +4,7 @@
 
 #include "parallel.h"
 
+#include <torchamp/config.h>
 #if TORCHAMP_WITH_DISTRIBUTED
 #include <torchamp/process_group.h>
 

@@ -17,6 +17,8 @@
 //            makes the scaler agree on found-inf over the group, and the
 //            owners then broadcast the stepped parameters.
 
+#include <torchamp/config.h>
+
 #include <ATen/core/Tensor.h>
 
 #if TORCHAMP_WITH_DISTRIBUTED

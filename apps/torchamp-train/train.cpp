@@ -2,6 +2,7 @@
 
 #include <torchamp/autocast.h>
 #include <torchamp/checkpoint.h>
+#include <torchamp/config.h>
 #if TORCHAMP_WITH_DISTRIBUTED
 #include <torchamp/data_parallel.h>
 #include <torchamp/distributed.h>

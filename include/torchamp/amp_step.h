@@ -18,6 +18,8 @@
 /// The scaler finds this interface with a `dynamic_cast` of the optimizer; it
 /// names no optimizer class.
 
+#include <torchamp/config.h>
+
 #include <optional>
 
 namespace torchamp {

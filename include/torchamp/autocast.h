@@ -5,6 +5,8 @@
 /// counterpart of Python's `torch.autocast(device_type, dtype, enabled,
 /// cache_enabled)`, with one API over LibTorch 1.13 and 2.x.
 
+#include <torchamp/config.h>
+
 #include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>

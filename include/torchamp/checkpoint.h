@@ -6,6 +6,8 @@
 /// activations and recompute them in backward, under the autocast state and
 /// with the RNG state the forward ran with.
 
+#include <torchamp/config.h>
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <torch/arg.h>

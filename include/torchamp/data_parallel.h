@@ -23,6 +23,12 @@
 /// process; no `static_graph`, communication hooks, `join`, mixed-precision
 /// or ignored parameters yet.
 
+#include <torchamp/config.h>
+
+#if !TORCHAMP_WITH_DISTRIBUTED
+#error "this torchamp was built with -DTORCHAMP_WITH_DISTRIBUTED=OFF: no process groups, no DDP"
+#endif
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <torch/arg.h>

@@ -22,6 +22,12 @@
 /// device of the optimizer's gradients. Every rank must call `unscale_`/`step`
 /// for the same optimizers in the same order, as with any collective.
 
+#include <torchamp/config.h>
+
+#if !TORCHAMP_WITH_DISTRIBUTED
+#error "this torchamp was built with -DTORCHAMP_WITH_DISTRIBUTED=OFF: no process groups, no DDP"
+#endif
+
 #include <torchamp/grad_scaler.h>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

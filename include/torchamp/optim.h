@@ -80,6 +80,8 @@
 /// step counts stay the state (so checkpoints are unchanged); each step
 /// hands ATen a float32 copy of them on the device.
 
+#include <torchamp/config.h>
+
 #include <torchamp/amp_step.h>
 
 #include <torch/arg.h>

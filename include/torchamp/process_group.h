@@ -30,6 +30,12 @@
 /// - `c10::Error` (c10d's own store and backend errors, with torchamp's
 ///   context added): a peer that never arrives within the timeout.
 
+#include <torchamp/config.h>
+
+#if !TORCHAMP_WITH_DISTRIBUTED
+#error "this torchamp was built with -DTORCHAMP_WITH_DISTRIBUTED=OFF: no process groups, no DDP"
+#endif
+
 #include <c10/util/intrusive_ptr.h>
 #include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

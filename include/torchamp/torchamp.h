@@ -4,9 +4,11 @@
 /// Everything torchamp offers: dynamic loss scaling and autocast for the
 /// LibTorch C++ frontend.
 
+#include <torchamp/config.h>
+
 #include <torchamp/autocast.h>
 #include <torchamp/checkpoint.h>
-#if defined(TORCHAMP_WITH_DISTRIBUTED)
+#if TORCHAMP_WITH_DISTRIBUTED
 #include <torchamp/data_parallel.h>
 #include <torchamp/distributed.h>
 #include <torchamp/process_group.h>

@@ -37,7 +37,7 @@ foreach(line IN LISTS lines)
         string(REPLACE "\"" "'" quoted_heading "${heading}")
         if(body MATCHES "DistributedDataParallel")
           # Compiled only: it needs a process group of several ranks.
-          string(APPEND functions "#if defined(TORCHAMP_WITH_DISTRIBUTED)\n")
+          string(APPEND functions "#if TORCHAMP_WITH_DISTRIBUTED\n")
           set(runner "nullptr")
         else()
           set(runner "&readme::snippet_${n}")
