@@ -18,8 +18,9 @@ Python on its run folder; one thread runs
 fp16+scaler runs only on --fp16-sizes: without AMX-FP16 ATen's CPU float16
 matmul is ~10x slower than float32 (the same kernel on both sides; see the
 ceiling column). Then, on the first size and one thread, fp32 and bf16
-again with --checkpoint-layers: peak memory and step time against the runs
-without.
+without and with --checkpoint-layers, alternately (--checkpoint-rounds), and
+bf16 once more with glibc's heap trimming raised for both languages: peak
+memory and step time with against without.
 
 Columns: tokens/s over the steps after the first (oneDNN's set-up), on both
 sides; vs fp32 (same language, same run); vs Python; peak MB (the process's
@@ -33,6 +34,7 @@ import argparse
 import csv
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +56,9 @@ parser.add_argument("--sizes", default="gpt10m,small")
 parser.add_argument("--threads", default="1,2")
 parser.add_argument("--fp16-sizes", default="small")
 parser.add_argument("--out", default="")
+parser.add_argument("--checkpoint-rounds", type=int, default=2,
+                    help="alternate runs without and with --checkpoint-layers")
+parser.add_argument("--checkpoint-steps", type=int, default=6, help="steps a checkpointing run")
 opts = parser.parse_args()
 
 
@@ -75,20 +80,20 @@ def read_csv(path):
         return {r["mode"]: r for r in csv.DictReader(f)}
 
 
-def cpp_run(out, size, threads, modes, extra=()):
-    steps = opts.steps if size == "gpt10m" else opts.small_steps
+def cpp_run(out, size, threads, modes, extra=(), steps=None, env_extra=None):
+    steps = steps or (opts.steps if size == "gpt10m" else opts.small_steps)
     args = [opts.app, "--size", size, "--steps", str(steps), "--warmup", "2",
             "--eval-every", str(steps), "--eval-batches", "2", "--sample", "0",
             "--threads", str(threads), "--modes", ",".join(modes), "--out", out]
     args += ["--deterministic"] if threads == 1 else ["--nondeterministic"]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **(env_extra or {}))
     print("== " + " ".join(args[1:]), flush=True)
     subprocess.run(args + list(extra), check=True, env=env, stdout=subprocess.DEVNULL)
     return read_csv(os.path.join(out, "summary.csv"))
 
 
-def python_run(out, threads):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+def python_run(out, threads, env_extra=None):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **(env_extra or {}))
     print("== gpt_python.py (the same run in Python)", flush=True)
     subprocess.run([sys.executable, TWIN, out], check=True, env=env, stdout=subprocess.DEVNULL)
     return read_csv(os.path.join(out, "python-summary.csv"))
@@ -139,19 +144,41 @@ for size in sizes:
             results.append(row)
 
 # Activation checkpointing on the first size, one thread: fp32 and bf16
-# again with --checkpoint-layers, against their runs above.
+# without and with --checkpoint-layers, alternately for --checkpoint-rounds
+# rounds (the medians of the step times; the VM's noise between processes
+# is 10-20%), on both sides; then bf16 once more with glibc's heap trimming
+# and mmap threshold raised for both languages alike (MALLOC_*_ below): a
+# checkpointed forward frees a block's activations at its end, and glibc
+# returns them to the kernel, which zeroes fresh pages for the next block.
+MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(1 << 32), "MALLOC_MMAP_THRESHOLD_": str(1 << 28),
+                "MALLOC_TOP_PAD_": str(1 << 28)}
 size, threads = sizes[0], threads_list[0]
 checkpointed = []
+
+
+def checkpoint_rounds(m, rounds, env_extra, tag):
+    runs = {(who, ck): [] for who in ("C++", "Python") for ck in (False, True)}
+    for r in range(rounds):
+        for ck in (False, True):
+            out = os.path.join(work, "%s-%dt-%s-%s-ck%d-r%d" % (size, threads, m, tag, ck, r))
+            shutil.rmtree(out, ignore_errors=True)
+            extra = ["--checkpoint-layers"] if ck else []
+            runs[("C++", ck)].append(cpp_run(out, size, threads, [m], extra, opts.checkpoint_steps,
+                                             env_extra)[m])
+            runs[("Python", ck)].append(python_run(out, threads, env_extra)[m])
+    for who in ("C++", "Python"):
+        def med(ck, key):
+            return statistics.median(float(row[key]) for row in runs[(who, ck)])
+        checkpointed.append(dict(mode=m, who=who, tag=tag, rounds=rounds,
+                                 peak=(med(False, "peak_rss_mb"), med(True, "peak_rss_mb")),
+                                 train=(med(False, "peak_rss_mb") - med(False, "start_rss_mb"),
+                                        med(True, "peak_rss_mb") - med(True, "start_rss_mb")),
+                                 step=(med(False, "step_ms"), med(True, "step_ms"))))
+
+
 for m in ("fp32", "bf16"):
-    out = os.path.join(work, "%s-%dt-%s-checkpoint" % (size, threads, m))
-    shutil.rmtree(out, ignore_errors=True)
-    ck = cpp_run(out, size, threads, [m], ["--checkpoint-layers"])[m]
-    py_ck = python_run(out, threads)[m]
-    plain_dir = os.path.join(work, "%s-%dt-%s" % (size, threads, m))
-    plain = read_csv(os.path.join(plain_dir, "summary.csv"))[m]
-    py_plain = read_csv(os.path.join(plain_dir, "python-summary.csv"))[m]
-    checkpointed.append((m, "C++", plain, ck))
-    checkpointed.append((m, "Python (torch.utils.checkpoint)", py_plain, py_ck))
+    checkpoint_rounds(m, opts.checkpoint_rounds, None, "default")
+checkpoint_rounds("bf16", 1, MALLOC_TUNED, "malloc-tuned")
 
 print("\nmatmul 2048x768 @ 768x3072, GFLOP/s: " + ", ".join(
     "%s %dt %.0f" % (d, t, ceilings[(d, t)] / 1e9) for d in ("fp32", "bf16", "fp16+scaler")
@@ -166,13 +193,12 @@ for r in results:
                         r["peak_mb"], r["python_peak_mb"], r["train_mb"], r["python_train_mb"],
                         100 * r["ceiling"]))
 print()
-for m, who, plain, ck in checkpointed:
-    (pk, tr), (ck_pk, ck_tr) = mb(plain), mb(ck)
-    print("--checkpoint-layers, %s (%s, %s, %d thread): peak %.0f -> %.0f MB (%.2fx), train memory "
-          "%.0f -> %.0f MB (%.2fx), step %.0f -> %.0f ms (%.2fx)"
-          % (who, size, m, threads, pk, ck_pk, ck_pk / pk, tr, ck_tr, ck_tr / tr,
-             float(plain["step_ms"]), float(ck["step_ms"]),
-             float(ck["step_ms"]) / float(plain["step_ms"])))
+for c in checkpointed:
+    (pk, ck_pk), (tr, ck_tr), (st, ck_st) = c["peak"], c["train"], c["step"]
+    print("--checkpoint-layers, %s (%s, %s, %d thread, %s, median of %d): peak %.0f -> %.0f MB "
+          "(%.2fx), train memory %.0f -> %.0f MB (%.2fx), step %.0f -> %.0f ms (%.2fx)"
+          % (c["who"], size, c["mode"], threads, c["tag"], c["rounds"], pk, ck_pk, ck_pk / pk, tr,
+             ck_tr, ck_tr / tr, st, ck_st, ck_st / st))
 with open(os.path.join(work, "bench_gpt.csv"), "w", newline="") as f:
     w = csv.DictWriter(f, fieldnames=list(results[0]), lineterminator="\n")
     w.writeheader()
