@@ -4,9 +4,10 @@
 //
 // Gloo's headers are needed here only: ProcessGroupGloo.hpp includes them.
 // They come from beside the LibTorch or from Debian's libgloo-dev (CMake
-// defines TORCHAMP_HAVE_GLOO); the Gloo that runs is always the one inside
-// the linked libtorch_cpu.
+// found them: TORCHAMP_WITH_GLOO in torchamp/config.h); the Gloo that runs is
+// always the one inside the linked libtorch_cpu.
 
+#include <torchamp/config.h>
 #include <torchamp/process_group.h>
 
 #include "compat.h"
@@ -16,13 +17,13 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#if TORCHAMP_HAVE_GLOO && defined(USE_C10D_GLOO)
+#if TORCHAMP_WITH_GLOO && defined(USE_C10D_GLOO)
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #define TORCHAMP_GLOO 1
 #else
 #define TORCHAMP_GLOO 0
 #endif
-#if TORCHAMP_HAVE_NCCL && defined(USE_C10D_NCCL)
+#if TORCHAMP_WITH_NCCL && defined(USE_C10D_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #define TORCHAMP_NCCL 1
 #else
