@@ -20,7 +20,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -49,42 +48,11 @@ const char* const kSummaryHeader =
     "mode,val_loss,train_loss,skipped,final_scale,tokens_per_s,step_ms,peak_rss_mb,"
     "bytes_per_param,params,weights,start_rss_mb";
 
-std::string g17(double v) {
-  if (std::isnan(v)) {
-    return "";
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
+using torchamp_apps::read_csv;
 
-std::vector<std::string> split_csv(const std::string& line) {
-  std::vector<std::string> out;
-  std::stringstream s(line);
-  for (std::string cell; std::getline(s, cell, ',');) {
-    out.push_back(cell);
-  }
-  if (!line.empty() && line.back() == ',') {
-    out.emplace_back();
-  }
-  return out;
-}
-
-std::vector<std::vector<std::string>> read_csv(const fs::path& path) {
-  std::vector<std::vector<std::string>> rows;
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);  // header
-  while (std::getline(in, line)) {
-    rows.push_back(split_csv(line));
-  }
-  return rows;
-}
-
-int64_t file_size_or_zero(const fs::path& p) {
-  std::error_code ec;
-  const auto n = fs::file_size(p, ec);
-  return ec ? 0 : static_cast<int64_t>(n);
+// A log cell: "%.17g", empty for NaN (a step without a validation loss).
+std::string cell(double v) {
+  return std::isnan(v) ? "" : torchamp_apps::g17(v);
 }
 
 // The table of one or both runs (C++ and, when python-summary.csv is there,
@@ -196,6 +164,44 @@ struct Args {
   double timeout_s = 300;
 };
 
+// --size, and the model options that override it.
+struct SizeOptions {
+  int64_t layers = 0, heads = 0, d_model = 0, context = 0, batch = 0;
+
+  void add(CLI::App& app, std::string& size) {
+    std::string help = "Model size:";
+    std::vector<std::string> names;
+    for (const auto& s : kSizes) {
+      help += std::string("\n  ") + s.name + ": " + s.summary;
+      names.push_back(s.name);
+    }
+    app.add_option("--size", size, help)->check(CLI::IsMember(names))->capture_default_str();
+    app.add_option("--layers", layers, "Transformer blocks (default: the size's)")
+        ->check(CLI::Range(1, 1000));
+    app.add_option("--heads", heads, "Attention heads (default: the size's)")
+        ->check(CLI::Range(1, 1000));
+    app.add_option("--d-model", d_model, "Embedding width (default: the size's)")
+        ->check(CLI::Range(1, 100000));
+    app.add_option("--context", context, "Context length in characters (default: the size's)")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+    app.add_option("--batch-size", batch,
+                   "Sequences per micro-batch and rank (default: the size's)")
+        ->check(CLI::Range(1, 1000000));
+  }
+
+  void apply(const std::string& size, Config& c) const {
+    for (const auto& s : kSizes) {
+      if (size == s.name) {
+        c.model.layers = layers ? layers : s.layers;
+        c.model.heads = heads ? heads : s.heads;
+        c.model.d_model = d_model ? d_model : s.d_model;
+        c.model.context = context ? context : s.context;
+        c.batch_size = batch ? batch : s.batch_size;
+      }
+    }
+  }
+};
+
 // Parses argv into `a`; returns -1 to go on, else the exit code.
 int parse(int argc, char** argv, Args& a) {
   CLI::App app{
@@ -205,26 +211,8 @@ int parse(int argc, char** argv, Args& a) {
   // the user's own); --modes gathers every list it is given.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   Config& c = a.config;
-  std::string size_help = "Model size:";
-  std::vector<std::string> size_names;
-  for (const auto& s : kSizes) {
-    size_help += std::string("\n  ") + s.name + ": " + s.summary;
-    size_names.push_back(s.name);
-  }
-  app.add_option("--size", a.size, size_help)
-      ->check(CLI::IsMember(size_names))
-      ->capture_default_str();
-  int64_t layers = 0, heads = 0, d_model = 0, context = 0, batch = 0;
-  app.add_option("--layers", layers, "Transformer blocks (default: the size's)")
-      ->check(CLI::Range(1, 1000));
-  app.add_option("--heads", heads, "Attention heads (default: the size's)")
-      ->check(CLI::Range(1, 1000));
-  app.add_option("--d-model", d_model, "Embedding width (default: the size's)")
-      ->check(CLI::Range(1, 100000));
-  app.add_option("--context", context, "Context length in characters (default: the size's)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--batch-size", batch, "Sequences per micro-batch and rank (default: the size's)")
-      ->check(CLI::Range(1, 1000000));
+  SizeOptions sizes;
+  sizes.add(app, a.size);
   app.add_option("--accum", c.accum,
                  "Micro-batches per step (gradient accumulation; under "
                  "torchrun all but the last run under DDP's no_sync)")
@@ -313,15 +301,7 @@ int parse(int argc, char** argv, Args& a) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
-  for (const auto& s : kSizes) {
-    if (a.size == s.name) {
-      c.model.layers = layers ? layers : s.layers;
-      c.model.heads = heads ? heads : s.heads;
-      c.model.d_model = d_model ? d_model : s.d_model;
-      c.model.context = context ? context : s.context;
-      c.batch_size = batch ? batch : s.batch_size;
-    }
-  }
+  sizes.apply(a.size, c);
   return -1;
 }
 
@@ -351,7 +331,7 @@ void check(const Config& c) {
     }
   }
   if (c.min_lr > c.lr) {
-    throw std::invalid_argument("--min-lr " + g17(c.min_lr) + " exceeds --lr " + g17(c.lr));
+    throw std::invalid_argument("--min-lr " + cell(c.min_lr) + " exceeds --lr " + cell(c.lr));
   }
 }
 
@@ -375,13 +355,6 @@ std::string open_run_folder(const fs::path& out, const Config& c, bool& finished
   }
   finished = fs::exists(out / "finished");
   return fs::exists(out / "checkpoint.pt") ? (out / "checkpoint.pt").string() : "";
-}
-
-// Truncates a log to `bytes` (the checkpoint's record of it).
-void truncate_to(const fs::path& p, int64_t bytes) {
-  if (fs::exists(p)) {
-    fs::resize_file(p, static_cast<uintmax_t>(bytes));
-  }
 }
 
 int64_t skips_so_far(const fs::path& metrics, const std::string& mode) {
@@ -412,6 +385,78 @@ c10::intrusive_ptr<c10d::ProcessGroup> form_group(int world, double timeout_s) {
 #endif
 }
 
+// Rank 0's run folder: the options, the Python twin's inputs, and the two
+// logs, new or cut back to the checkpoint's position.
+std::unique_ptr<torchamp_apps::RunLogs> open_logs(const fs::path& out, const Config& c,
+                                                  int64_t vocab, bool resuming,
+                                                  const Position& start) {
+  fs::create_directories(out / "ranks");
+  torchamp_apps::write_options((out / "options.txt").string(), c.to_options());
+  // Not an option of the numbers: the Python twin's default thread count.
+  std::ofstream(out / "runtime.txt") << "threads=" << at::get_num_threads() << "\n";
+  save_initial((out / "init.pt").string(), c, vocab);
+  auto logs = std::make_unique<torchamp_apps::RunLogs>(out);
+  if (resuming) {
+    logs->resume(start);
+  } else {
+    logs->start(kMetricsHeader, kSummaryHeader);
+  }
+  return logs;
+}
+
+// One mode's steps as they come: metrics.csv's rows (rank 0) and a progress
+// line every `log_every` steps.
+struct Progress {
+  const Config& c;
+  torchamp_apps::RunLogs* logs;  // null off rank 0
+  int64_t log_every;
+  int64_t skipped = 0;
+  double window_s = 0;
+  int64_t window_steps = 0;
+
+  void operator()(const StepRow& r) {
+    skipped += r.skipped;
+    window_s += r.seconds;
+    ++window_steps;
+    if (logs != nullptr) {
+      logs->metrics() << r.mode << "," << r.step << "," << cell(r.loss) << "," << cell(r.val_loss)
+                      << "," << cell(r.scale) << "," << skipped << "," << cell(r.lr) << "\n";
+    }
+    if ((r.step + 1) % log_every != 0 && r.step + 1 != c.steps) {
+      return;
+    }
+    char line[256];
+    const double tps =
+        static_cast<double>(window_steps * c.batch_size * c.accum * c.world * c.model.context) /
+        window_s;
+    std::snprintf(line, sizeof line,
+                  "%-12s step %5lld/%lld  loss %.4f%s  %7.0f tokens/s  scale %g  skipped %lld",
+                  r.mode.c_str(), static_cast<long long>(r.step + 1),
+                  static_cast<long long>(c.steps), r.loss,
+                  std::isnan(r.val_loss) ? "" : ("  val " + cell(r.val_loss).substr(0, 6)).c_str(),
+                  tps, r.scale, static_cast<long long>(skipped));
+    if (logs != nullptr) {
+      std::cout << line << std::endl;
+    }
+    window_s = 0;
+    window_steps = 0;
+  }
+};
+
+// Rank 0's record of a finished mode: summary.csv's row, its sample, and a
+// position past it (a resumed run never repeats it).
+void finished(const fs::path& out, torchamp_apps::RunLogs& logs, const Runtime& rt,
+              const ModeResult& r, int64_t mode_index) {
+  logs.summary() << r.mode << "," << cell(r.val_loss) << "," << cell(r.train_loss) << ","
+                 << r.skipped << "," << cell(r.final_scale) << "," << cell(r.tokens_per_s) << ","
+                 << cell(r.step_ms) << "," << cell(r.peak_rss_mb) << "," << cell(r.bytes_per_param)
+                 << "," << r.params << "," << r.weights << "," << cell(r.start_rss_mb) << "\n";
+  Position next{mode_index + 1, 0, 0, 0, {}};
+  rt.bookmark(next);
+  torchamp_apps::save_position(rt.checkpoint_path, next);
+  std::ofstream(out / ("sample-" + r.mode + ".txt")) << r.sample << "\n";
+}
+
 int train(Args& a) {
   Config& c = a.config;
   c.world = env_int("WORLD_SIZE", 1);
@@ -419,15 +464,12 @@ int train(Args& a) {
   check(c);
   const Corpus corpus = Corpus::load(c.data, c.model.context, c.vocab);
   if (a.out.empty()) {
-    char stamp[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(stamp, sizeof stamp, "%Y-%m-%d_%H-%M-%S", std::localtime(&now));
-    a.out = std::string("runs/gpt-") + stamp;
+    a.out = torchamp_apps::timestamped("runs/gpt-");
   }
   const fs::path out = a.out;
-  bool finished = false;
-  const std::string resume = open_run_folder(out, c, finished);
-  if (finished) {
+  bool finished_before = false;
+  const std::string resume = open_run_folder(out, c, finished_before);
+  if (finished_before) {
     std::cout << "torchamp-gpt: " << out.string() << " holds a finished run of these options\n";
     if (rank == 0) {
       report(out);
@@ -444,28 +486,10 @@ int train(Args& a) {
   rt.checkpoint_every = a.checkpoint_every;
   rt.checkpoint_path = (out / "checkpoint.pt").string();
   rt.sample_chars = a.sample_chars;
-
-  Position start;
-  if (!resume.empty()) {
-    start = read_position(resume);
-  }
-  std::ofstream metrics, summary;
-  if (rank == 0) {
-    fs::create_directories(out / "ranks");
-    torchamp_apps::write_options((out / "options.txt").string(), c.to_options());
-    // Not an option of the numbers: the Python twin's default thread count.
-    std::ofstream(out / "runtime.txt") << "threads=" << at::get_num_threads() << "\n";
-    save_initial((out / "init.pt").string(), c, std::max(c.vocab, corpus.vocab_size()));
-    if (resume.empty()) {
-      std::ofstream(out / "metrics.csv") << kMetricsHeader << "\n";
-      std::ofstream(out / "summary.csv") << kSummaryHeader << "\n";
-    } else {
-      truncate_to(out / "metrics.csv", start.metrics_bytes);
-      truncate_to(out / "summary.csv", start.summary_bytes);
-    }
-    metrics.open(out / "metrics.csv", std::ios::app);
-    summary.open(out / "summary.csv", std::ios::app);
-  }
+  const Position start = resume.empty() ? Position{} : torchamp_apps::read_position(resume);
+  const auto logs =
+      rank == 0 ? open_logs(out, c, std::max(c.vocab, corpus.vocab_size()), !resume.empty(), start)
+                : nullptr;
   std::cout << "torchamp-gpt " << TORCHAMP_VERSION << ": " << corpus.train.size(0) << " + "
             << corpus.val.size(0) << " characters (" << corpus.vocab_size() << " distinct) from "
             << c.data << "; " << c.model.layers << " layers, d " << c.model.d_model << ", "
@@ -477,77 +501,42 @@ int train(Args& a) {
               << start.step << " from " << resume << "\n";
   }
   const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(1, c.steps / 10);
+  rt.bookmark = [&](Position& p) {
+    if (logs) {
+      logs->bookmark(p);
+    }
+  };
   std::vector<std::string> samples;
   for (int64_t i = start.mode_index; i < static_cast<int64_t>(c.modes.size()); ++i) {
     const std::string& name = c.modes[static_cast<size_t>(i)];
     const bool here = i == start.mode_index && start.step > 0;
-    int64_t skipped = here && rank == 0 ? skips_so_far(out / "metrics.csv", name) : 0;
-    double window_s = 0;
-    int64_t window_steps = 0;
-    rt.on_step = [&](const StepRow& r) {
-      skipped += r.skipped;
-      window_s += r.seconds;
-      ++window_steps;
-      if (rank == 0) {
-        metrics << r.mode << "," << r.step << "," << g17(r.loss) << "," << g17(r.val_loss) << ","
-                << g17(r.scale) << "," << skipped << "," << g17(r.lr) << "\n";
-      }
-      if ((r.step + 1) % log_every == 0 || r.step + 1 == c.steps) {
-        char line[256];
-        const double tps =
-            static_cast<double>(window_steps * c.batch_size * c.accum * c.world * c.model.context) /
-            window_s;
-        std::snprintf(
-            line, sizeof line,
-            "%-12s step %5lld/%lld  loss %.4f%s  %7.0f tokens/s  scale %g  skipped %lld",
-            r.mode.c_str(), static_cast<long long>(r.step + 1), static_cast<long long>(c.steps),
-            r.loss, std::isnan(r.val_loss) ? "" : ("  val " + g17(r.val_loss).substr(0, 6)).c_str(),
-            tps, r.scale, static_cast<long long>(skipped));
-        if (rank == 0) {
-          std::cout << line << std::endl;
-        }
-        window_s = 0;
-        window_steps = 0;
-      }
-    };
-    rt.bookmark = [&](Position& p) {
-      if (rank == 0) {
-        metrics.flush();
-        summary.flush();
-      }
-      p.metrics_bytes = file_size_or_zero(out / "metrics.csv");
-      p.summary_bytes = file_size_or_zero(out / "summary.csv");
-    };
+    Progress progress{c, logs.get(), log_every};
+    progress.skipped = here && logs ? skips_so_far(out / "metrics.csv", name) : 0;
+    rt.on_step = [&](const StepRow& r) { progress(r); };
     ModeResult r = train_mode(corpus, c, i, rt, here ? resume : "");
-    r.skipped = skipped;
+    r.skipped = progress.skipped;
     std::ofstream(out / "ranks" / ("rank" + std::to_string(rank) + ".txt"), std::ios::app)
         << r.mode << " " << r.weights << "\n";
-    if (rank == 0) {
-      summary << r.mode << "," << g17(r.val_loss) << "," << g17(r.train_loss) << "," << r.skipped
-              << "," << g17(r.final_scale) << "," << g17(r.tokens_per_s) << "," << g17(r.step_ms)
-              << "," << g17(r.peak_rss_mb) << "," << g17(r.bytes_per_param) << "," << r.params
-              << "," << r.weights << "," << g17(r.start_rss_mb) << "\n";
-      Position next{i + 1, 0, 0, 0};
-      rt.bookmark(next);
-      save_position(rt.checkpoint_path, next);
-      std::ofstream(out / ("sample-" + r.mode + ".txt")) << r.sample << "\n";
+    if (logs) {
+      finished(out, *logs, rt, r, i);
       samples.push_back(r.mode + ":\n" + r.sample);
     }
   }
-  if (rank == 0) {
-    metrics.close();
-    summary.close();
-    std::ofstream(out / "finished") << "1\n";
-    if (a.sample_chars > 0) {
-      std::cout << "\nWhat each model writes (" << a.sample_chars << " characters after a newline, "
-                << "temperature 0.8):\n";
-      for (const auto& s : samples) {
-        std::cout << "--- " << s << "\n";
-      }
-    }
-    report(out);
-    std::cout << "\nrun folder: " << out.string() << "\n";
+  if (!logs) {
+    return 0;
   }
+  logs->metrics().close();
+  logs->summary().close();
+  std::ofstream(out / "finished") << "1\n";
+  if (a.sample_chars > 0) {
+    std::cout << "\nWhat each model writes (" << a.sample_chars << " characters after a newline, "
+              << "temperature 0.8):\n";
+    for (const auto& s : samples) {
+      std::cout << "--- " << s << "\n";
+    }
+  }
+  report(out);
+  std::cout << "\nrun folder: " << out.string() << "\n";
   return 0;
 }
 

@@ -29,13 +29,8 @@ namespace torchamp_gpt {
 
 namespace {
 
+using torchamp_apps::g17;
 using torchamp_apps::Options;
-
-std::string g17(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
 
 // nanoGPT's schedule: a linear warmup to `lr`, then a cosine down to
 // `min_lr` at the last step (gpt_python.py computes the same doubles).
@@ -87,31 +82,6 @@ torchamp::optim::AdamW make_optimizer(GPT& model, const Config& c, bool masters)
   groups.emplace_back(rest, std::make_unique<torch::optim::AdamWOptions>(options(0.0)));
   return torchamp::optim::AdamW(std::move(groups), options(c.weight_decay),
                                 torchamp::optim::FusedOptions().master_weights(masters));
-}
-
-void write_int(torch::serialize::OutputArchive& a, const std::string& key, int64_t v) {
-  a.write(key, torch::tensor(v));
-}
-int64_t read_int(torch::serialize::InputArchive& a, const std::string& key) {
-  at::Tensor t;
-  a.read(key, t);
-  return t.item<int64_t>();
-}
-
-void write_position(torch::serialize::OutputArchive& a, const Position& p) {
-  write_int(a, "mode_index", p.mode_index);
-  write_int(a, "step", p.step);
-  write_int(a, "metrics_bytes", p.metrics_bytes);
-  write_int(a, "summary_bytes", p.summary_bytes);
-}
-
-Position read_position(torch::serialize::InputArchive& a) {
-  Position p;
-  p.mode_index = read_int(a, "mode_index");
-  p.step = read_int(a, "step");
-  p.metrics_bytes = read_int(a, "metrics_bytes");
-  p.summary_bytes = read_int(a, "summary_bytes");
-  return p;
 }
 
 // One mode's training state: the model, its optimizer and scaler, and, on
@@ -230,27 +200,11 @@ struct Trainer {
     return corpus.decode(ids.slice(1, 1));
   }
 
-  void save(const std::string& path, const Position& position) {
-    torch::serialize::OutputArchive a, m, o, s;
-    write_position(a, position);
-    model->save(m);
-    opt.save(o);
-    s << scaler;
-    a.write("model", m);
-    a.write("optimizer", o);
-    a.write("scaler", s);
-    torchamp_apps::save_atomically(a, path);
-  }
-
-  void load(const std::string& path) {
-    torch::serialize::InputArchive a, m, o, s;
-    a.load_from(path);
-    a.read("model", m);
-    a.read("optimizer", o);
-    a.read("scaler", s);
-    model->load(m);
-    opt.load(o);
-    s >> scaler;
+  // What a checkpoint holds, for both its save and its load.
+  torchamp_apps::RunState state() {
+    torchamp_apps::RunState s;
+    s.model(*model).optimizer(opt).scaler(scaler);
+    return s;
   }
 };
 
@@ -352,18 +306,6 @@ void save_initial(const std::string& path, const Config& config, int64_t vocab) 
   }
 }
 
-Position read_position(const std::string& checkpoint_path) {
-  torch::serialize::InputArchive a;
-  a.load_from(checkpoint_path);
-  return read_position(a);
-}
-
-void save_position(const std::string& checkpoint_path, const Position& position) {
-  torch::serialize::OutputArchive a;
-  write_position(a, position);
-  torchamp_apps::save_atomically(a, checkpoint_path);
-}
-
 ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index, const Runtime& rt,
                       const std::string& resume) {
   const Mode& mode = find_mode(c.modes.at(static_cast<size_t>(mode_index)));
@@ -372,9 +314,9 @@ ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index,
   Trainer t(corpus, c, mode, rt);
   int64_t start = 0;
   if (!resume.empty()) {
-    const Position p = read_position(resume);
+    const Position p = torchamp_apps::read_position(resume);
     if (p.mode_index == mode_index && p.step > 0) {
-      t.load(resume);
+      t.state().load(resume);
       start = p.step;
     }
   }
@@ -415,10 +357,10 @@ ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index,
     rt.on_step(row);
     torchamp_apps::maybe_die_after_step();
     if (rt.checkpoint_every > 0 && (step + 1) % rt.checkpoint_every == 0 && step + 1 < c.steps) {
-      Position p{mode_index, step + 1, 0, 0};
+      Position p{mode_index, step + 1, 0, 0, {}};
       rt.bookmark(p);
       if (rt.rank == 0) {
-        t.save(rt.checkpoint_path, p);
+        t.state().save(rt.checkpoint_path, p);
       }
     }
     r.val_loss = row.val_loss;

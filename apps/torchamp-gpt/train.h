@@ -5,6 +5,7 @@
 
 #include "corpus.h"
 #include "model.h"
+#include "run_state.h"
 #include "support.h"
 
 #include <c10/core/DeviceType.h>
@@ -66,13 +67,8 @@ struct Config {
   torchamp_apps::Options to_options() const;
 };
 
-/// A run's position, written into each checkpoint.
-struct Position {
-  int64_t mode_index = 0;
-  int64_t step = 0;           // steps done in that mode
-  int64_t metrics_bytes = 0;  // metrics.csv's and summary.csv's sizes then
-  int64_t summary_bytes = 0;
-};
+// App support (apps/common/run_state.h): where a run stands.
+using torchamp_apps::Position;
 
 /// One optimizer step as metrics.csv records it (no times: the file of a
 /// resumed run equals the uninterrupted one's byte for byte).
@@ -119,9 +115,6 @@ struct Runtime {
 /// a torch::pickle_save'd dict of name -> tensor.
 GPT initial_model(const Config& config, int64_t vocab);
 void save_initial(const std::string& path, const Config& config, int64_t vocab);
-
-Position read_position(const std::string& checkpoint_path);
-void save_position(const std::string& checkpoint_path, const Position& position);
 
 /// Trains mode `config.modes[mode_index]`, from `resume` (its checkpoint
 /// holds a position inside this mode) or from the start.

@@ -27,6 +27,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #ifndef TORCHAMP_TRAIN_DEFAULT_DATA
@@ -37,15 +38,6 @@ namespace fs = std::filesystem;
 using namespace torchamp_train;
 
 namespace {
-
-std::string default_out_dir() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  std::ostringstream s;
-  s << "runs/" << std::put_time(&tm, "%Y-%m-%d_%H-%M-%S");
-  return s.str();
-}
 
 // A live bar on a terminal, a plain line per epoch otherwise; the rate and
 // time left count from where this process started the mode (a resumed mode
@@ -119,30 +111,15 @@ const char* const kSummaryHeader =
     "mode,scaled,final_loss,test_accuracy,skipped,final_scale,underflow,subnormal,seconds,step_ms,"
     "train_step_ms,bytes_per_param,peak_rss_mb";
 
-std::string g17(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
-std::vector<std::string> split_csv(const std::string& line) {
-  std::vector<std::string> fields;
-  std::stringstream s(line);
-  for (std::string f; std::getline(s, f, ',');) {
-    fields.push_back(f);
-  }
-  if (!line.empty() && line.back() == ',') {
-    fields.emplace_back();
-  }
-  return fields;
-}
+using torchamp_apps::g17;
+using torchamp_apps::Options;
 
 // The files of a run folder: config.txt (the settings), metrics.csv (a row
 // per step, appended as the run goes), summary.csv (a row per finished mode),
 // checkpoint.pt, initial.pt (the initial weights and the split, for Python).
 class RunFolder {
  public:
-  explicit RunFolder(fs::path dir) : dir_(std::move(dir)) {}
+  explicit RunFolder(fs::path dir) : dir_(std::move(dir)), logs_(dir_) {}
 
   fs::path path(const char* name) const { return dir_ / name; }
   std::string checkpoint() const { return path("checkpoint.pt").string(); }
@@ -151,91 +128,61 @@ class RunFolder {
   // checkpoint and rank logs in the same folder are removed.
   void start(const Config& config) {
     fs::create_directories(dir_);
-    std::ofstream c(path("config.txt"));
-    for (const auto& [k, v] : config.to_map()) {
-      c << k << "=" << v << "\n";
-    }
-    if (!c) {
-      throw std::runtime_error("cannot write " + path("config.txt").string());
-    }
+    torchamp_apps::write_options(path("config.txt").string(), config.to_map());
     fs::remove(checkpoint());
     fs::remove_all(path("ranks"));  // an earlier run's, perhaps on more processes
-    std::ofstream m(path("metrics.csv"));
-    m << "step,mode,loss,scale,skipped,underflow_fraction,subnormal_fraction,epoch,test_accuracy";
+    std::string metrics =
+        "step,mode,loss,scale,skipped,underflow_fraction,subnormal_fraction,epoch,test_accuracy";
     for (const auto& name : activation_names(find_task(config.task))) {
-      m << ",underflow_" << name;
+      metrics += ",underflow_" + name;
     }
-    m << "\n";
-    std::ofstream(path("summary.csv")) << kSummaryHeader << "\n";
-    open();
+    logs_.start(metrics, kSummaryHeader);
   }
 
   // Continuing at `p`: whatever the killed process wrote after its last
   // checkpoint goes.
-  void resume(const Position& p) {
-    if (p.metrics_bytes > 0) {
-      fs::resize_file(path("metrics.csv"), static_cast<uintmax_t>(p.metrics_bytes));
-      fs::resize_file(path("summary.csv"), static_cast<uintmax_t>(p.summary_bytes));
-    }
-    open();
-  }
+  void resume(const Position& p) { logs_.resume(p); }
 
-  std::map<std::string, std::string> read_config() const {
-    std::ifstream f(path("config.txt"));
-    if (!f) {
+  Options read_config() const {
+    if (!fs::exists(path("config.txt"))) {
       throw std::runtime_error("--resume: no config.txt in " + dir_.string() +
                                " (not a torchamp-train run folder)");
     }
-    std::map<std::string, std::string> kv;
-    for (std::string line; std::getline(f, line);) {
-      const auto eq = line.find('=');
-      if (eq != std::string::npos) {
-        kv[line.substr(0, eq)] = line.substr(eq + 1);
-      }
-    }
-    return kv;
+    return torchamp_apps::read_options(path("config.txt").string());
   }
 
   void step(const std::string& mode, const StepRecord& r) {
-    metrics_ << r.step << "," << mode << "," << r.loss << "," << r.scale << "," << r.skipped << ","
-             << r.underflow << "," << r.subnormal << "," << r.epoch << ",";
+    auto& m = logs_.metrics();
+    m << r.step << "," << mode << "," << r.loss << "," << r.scale << "," << r.skipped << ","
+      << r.underflow << "," << r.subnormal << "," << r.epoch << ",";
     if (!std::isnan(r.test_accuracy)) {
-      metrics_ << r.test_accuracy;
+      m << r.test_accuracy;
     }
     for (const double u : r.layer_underflow) {
-      metrics_ << "," << u;
+      m << "," << u;
     }
-    metrics_ << "\n";
+    m << "\n";
   }
 
   void finished(const ModeSummary& m) {
-    summary_ << m.mode << "," << (m.scaled ? 1 : 0) << "," << g17(m.final_loss) << ","
-             << g17(m.test_accuracy) << "," << m.skipped << "," << g17(m.final_scale) << ","
-             << g17(m.underflow) << "," << g17(m.subnormal) << "," << g17(m.seconds) << ","
-             << g17(m.step_ms) << "," << g17(m.train_step_ms) << "," << g17(m.bytes_per_param)
-             << "," << g17(m.peak_rss_mb) << "\n";
+    logs_.summary() << m.mode << "," << (m.scaled ? 1 : 0) << "," << g17(m.final_loss) << ","
+                    << g17(m.test_accuracy) << "," << m.skipped << "," << g17(m.final_scale) << ","
+                    << g17(m.underflow) << "," << g17(m.subnormal) << "," << g17(m.seconds) << ","
+                    << g17(m.step_ms) << "," << g17(m.train_step_ms) << ","
+                    << g17(m.bytes_per_param) << "," << g17(m.peak_rss_mb) << "\n";
   }
 
   // Flushes both logs and records their sizes (a checkpoint's bookmark).
-  void bookmark(Position& p) {
-    metrics_.flush();
-    summary_.flush();
-    if (!metrics_ || !summary_) {
-      throw std::runtime_error("cannot write the logs in " + dir_.string());
-    }
-    p.metrics_bytes = static_cast<int64_t>(fs::file_size(path("metrics.csv")));
-    p.summary_bytes = static_cast<int64_t>(fs::file_size(path("summary.csv")));
-  }
+  void bookmark(Position& p) { logs_.bookmark(p); }
 
   std::vector<ModeSummary> summaries() {
-    summary_.flush();
-    std::ifstream f(path("summary.csv"));
     std::vector<ModeSummary> all;
-    std::string line;
-    std::getline(f, line);  // header
-    while (std::getline(f, line)) {
-      const auto v = split_csv(line);
+    for (const auto& v : logs_.summary_rows()) {
       if (v.size() != 13) {
+        std::string line;
+        for (const auto& cell : v) {
+          line += (line.empty() ? "" : ",") + cell;
+        }
         throw std::runtime_error("malformed summary.csv line: " + line);
       }
       ModeSummary m;
@@ -258,30 +205,11 @@ class RunFolder {
   }
 
   // metrics.csv's rows, for the plots.
-  std::vector<std::vector<std::string>> metrics() {
-    metrics_.flush();
-    std::ifstream f(path("metrics.csv"));
-    std::vector<std::vector<std::string>> rows;
-    std::string line;
-    std::getline(f, line);
-    while (std::getline(f, line)) {
-      rows.push_back(split_csv(line));
-    }
-    return rows;
-  }
+  std::vector<std::vector<std::string>> metrics() { return logs_.metrics_rows(); }
 
  private:
-  void open() {
-    metrics_.open(path("metrics.csv"), std::ios::app);
-    metrics_ << std::setprecision(9);
-    summary_.open(path("summary.csv"), std::ios::app);
-    if (!metrics_ || !summary_) {
-      throw std::runtime_error("cannot open the logs in " + dir_.string());
-    }
-  }
-
   fs::path dir_;
-  std::ofstream metrics_, summary_;
+  torchamp_apps::RunLogs logs_;
 };
 
 // Each rank's own record of its steps, ranks/rank<r>.csv: whether its own
@@ -352,7 +280,7 @@ void print_table(std::ostream& os, const std::vector<ModeSummary>& results) {
 bool plot(const fs::path& out, const Config& config,
           const std::vector<std::vector<std::string>>& rows,
           const std::vector<ModeSummary>& results) {
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+  if (!torchamp_apps::have_gnuplot()) {
     return false;
   }
   const Task& task = find_task(config.task);
@@ -448,10 +376,10 @@ bool plot(const fs::path& out, const Config& config,
   script << "\n";
   const fs::path gp = out / "plots.gp";
   std::ofstream(gp) << script.str();
-  const int rc = std::system(("gnuplot '" + gp.string() + "'").c_str());
+  const bool ok = torchamp_apps::run_gnuplot(gp.string());
   fs::remove(steps_data);
   fs::remove(epochs_data);
-  return rc == 0;
+  return ok;
 }
 
 std::string task_help() {
@@ -462,18 +390,31 @@ std::string task_help() {
   return s;
 }
 
-}  // namespace
+// A bad option or an impossible run: the message, exit 2, nothing written.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
-int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
+// The command line.
+struct Args {
+  Config config;
+  std::string out_dir, resume_dir;
+  int64_t checkpoint_every = 0;
+  std::string parallel_mode = "data";
+  double timeout_s = 300;
+  bool lr_given = false, modes_given = false;
+  std::set<std::string> given;  // the Config keys (config.txt's) given on the command line
+};
+
+// Parses argv into `a`; returns -1 to go on, else the exit code.
+int parse(int argc, char** argv, Args& a) {
   CLI::App app{
       "torchamp-train: mixed-precision training on the UCI handwritten digits, once per "
       "precision mode, comparing float32, float16 without and with loss scaling, and bfloat16."};
-  Config config;
+  Config& config = a.config;
   config.data = default_data_path();
   config.modes = default_modes();
-  std::string out_dir, resume_dir;
   int64_t seed = 0;
-  int64_t checkpoint_every = 0;
   std::vector<std::string> task_names;
   for (const auto& t : tasks()) {
     task_names.push_back(t.name);
@@ -508,15 +449,15 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   auto* out_opt = app.add_option(
-      "--out", out_dir,
+      "--out", a.out_dir,
       "Output folder (default runs/<date-time>/). A folder that holds a run of the same options "
       "continues it from its last checkpoint (torchrun --max-restarts restarts the same command "
       "line); one of other options is an error");
-  app.add_option("--resume", resume_dir,
+  app.add_option("--resume", a.resume_dir,
                  "Continue the run in this folder from its last checkpoint (instead of --out; "
                  "options given must match the run's)")
       ->excludes(out_opt);
-  app.add_option("--checkpoint-every", checkpoint_every,
+  app.add_option("--checkpoint-every", a.checkpoint_every,
                  "Write a checkpoint (model, optimizer, scaler) every N steps into the run folder "
                  "(0: none)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
@@ -536,16 +477,14 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
                "on some machines");
   app.add_option("--data", config.data, "CSV (optionally .gz): 64 pixel columns 0..16, then label")
       ->capture_default_str();
-  std::string parallel_mode = "data";
-  app.add_option("--parallel", parallel_mode,
+  app.add_option("--parallel", a.parallel_mode,
                  "Under torchrun (WORLD_SIZE > 1): data (each rank a slice of every batch, "
                  "gradients all-reduced) or sharded (each rank steps its shard of the parameters "
                  "and optimizer state; the scaler agrees on overflow over the group). "
                  "--batch-size stays the global batch")
       ->check(CLI::IsMember({"data", "sharded"}))
       ->capture_default_str();
-  double timeout_s = 300;
-  app.add_option("--timeout", timeout_s,
+  app.add_option("--timeout", a.timeout_s,
                  "Seconds any collective may wait for the other ranks before this one fails")
       ->check(CLI::Range(1.0, 86400.0))
       ->capture_default_str();
@@ -554,6 +493,308 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
+  }
+  config.seed = static_cast<uint64_t>(seed);
+  a.lr_given = app.count("--lr") > 0;
+  a.modes_given = app.count("--modes") > 0;
+  for (const auto& kv : config.to_map()) {
+    const CLI::Option* option = app.get_option_no_throw("--" + kv.first);
+    if (option != nullptr && option->count() > 0) {
+      a.given.insert(kv.first);
+    }
+  }
+  return -1;
+}
+
+// The launch environment's and the task's settings where the command line
+// gives none.
+void complete(Config& config, const Args& a, const LaunchEnv& env) {
+  config.world_size = env.world;
+  config.parallel = env.world > 1 ? a.parallel_mode : "none";
+  const Task& task = find_task(config.task);
+  if (config.epochs == 0) {
+    config.epochs = task.epochs;
+  }
+  if (config.batch_size == 0) {
+    config.batch_size = task.batch_size;
+  }
+  if (config.optimizer.empty()) {
+    config.optimizer = task.optimizer;
+  }
+  if (!a.lr_given) {
+    config.lr = config.optimizer == task.optimizer ? task.lr
+                : config.optimizer == "sgd"        ? 0.05
+                                                   : 0.003;
+  }
+}
+
+// --resume: the run's own settings; an option given here must agree with them.
+Config adopt_saved(const Args& a, const RunFolder& folder, int world) {
+  const Options saved = folder.read_config();
+  for (const auto& [key, value] : a.config.to_map()) {
+    const auto it = saved.find(key);
+    if (a.given.count(key) > 0 && (it == saved.end() || it->second != value)) {
+      throw UsageError("--resume: --" + key + " is " + value + " here but " +
+                       (it == saved.end() ? std::string("absent") : it->second) + " in " +
+                       a.resume_dir + "/config.txt");
+    }
+  }
+  Config config = Config::from_map(saved);
+  // The checkpoint holds one optimizer shard per rank of the run.
+  if (config.world_size != world) {
+    throw UsageError("--resume: the run in " + a.resume_dir + " ran on " +
+                     std::to_string(config.world_size) +
+                     " process(es) (world-size in its config.txt), this one on " +
+                     std::to_string(world) + ": resume with the same number");
+  }
+  return config;
+}
+
+// --out on a run folder: every setting must be the run's (another one would
+// mix two runs).
+void check_same_run(const RunFolder& folder, const fs::path& run_dir, const Config& config) {
+  const Options saved = folder.read_config();
+  Options mine = config.to_map();
+  for (const auto& kv : saved) {
+    mine.emplace(kv.first, "");  // compare both ways
+  }
+  for (const auto& [key, value] : mine) {
+    const auto it = saved.find(key);
+    const std::string theirs = it == saved.end() ? "" : it->second;
+    if (theirs != value) {
+      throw UsageError("--out: " + run_dir.string() + " holds a run whose --" + key + " is " +
+                       (theirs.empty() ? "unset" : theirs) + ", but this one's is " +
+                       (value.empty() ? "unset" : value) +
+                       ": give its options to continue it, or another --out");
+    }
+  }
+}
+
+// The modes this LibTorch and machine run, and the processes the network
+// and the batches can be shared out to.
+void check_runnable(Config& config, const Args& a, int world) {
+  const std::vector<std::string> here = available_modes();
+  for (const auto& m : config.modes) {
+    if (std::find(here.begin(), here.end(), m) == here.end()) {
+      throw UsageError("--modes: " + m + " needs a CUDA build of LibTorch and a GPU");
+    }
+  }
+  // The collectives run on CPU tensors over Gloo; NCCL is not wired up. The
+  // default modes then leave the CUDA one out; asking for it is an error.
+  const auto cuda_mode = std::find(config.modes.begin(), config.modes.end(), "cuda-fp16+scaler");
+  if (world > 1 && cuda_mode != config.modes.end()) {
+    if (a.modes_given || !a.resume_dir.empty()) {
+      throw UsageError(
+          "--modes: cuda-fp16+scaler runs on one process only (several processes train on the "
+          "CPU over Gloo; NCCL is not supported yet)");
+    }
+    config.modes.erase(cuda_mode);
+  }
+}
+
+void check_shares(const Config& config, int world, int64_t train_rows) {
+  // Sharded, every rank owns a parameter (the network has two per layer).
+  const int n_params = 2 * (find_task(config.task).hidden_layers + 1);
+  if (config.parallel == "sharded" && world > n_params) {
+    throw UsageError("--parallel sharded: " + std::to_string(world) + " processes but the " +
+                     config.task + " network has " + std::to_string(n_params) +
+                     " parameters to share out");
+  }
+  // Every rank needs a row of every batch.
+  const int64_t last_batch = train_rows % config.batch_size;
+  if (config.batch_size < world || (last_batch != 0 && last_batch < world)) {
+    throw UsageError("--batch-size: " + std::to_string(config.batch_size) + " leaves an epoch's " +
+                     (config.batch_size < world ? "batches" : "last batch") + " with " +
+                     std::to_string(config.batch_size < world ? config.batch_size : last_batch) +
+                     " rows, fewer than the " + std::to_string(world) + " processes");
+  }
+}
+
+// What the run is, before anything can kill the process.
+void print_banner(const Config& config, const RunFolder& folder, const Parallel& parallel,
+                  const Dataset& train, const Dataset& test, const std::string& resume_line,
+                  bool continuing, bool mkl_pinned) {
+  std::cout << "torchamp-train: task " << config.task << " (" << find_task(config.task).summary
+            << "); " << train.x.size(0) << " training and " << test.x.size(0)
+            << " test images from " << config.data << "; " << config.epochs << " epochs, batch "
+            << config.batch_size << ", " << (config.fused ? "torchamp's fused " : "LibTorch's ")
+            << config.optimizer << (config.checkpoint_layers ? ", hidden layers checkpointed" : "")
+            << ", lr " << config.lr << ", seed " << config.seed << "; "
+            << (continuing ? "resuming" : "output") << " in " << folder.path("").string() << "\n";
+  if (parallel.distributed()) {
+    std::cout << parallel.world() << " processes over Gloo, "
+              << (parallel.sharded() ? "sharded optimizer (each rank steps its shard; the "
+                                       "scaler agrees on overflow over the group)"
+                                     : "data-parallel (gradients all-reduced in buckets)")
+              << ", global batch " << config.batch_size << "; every rank logs its steps in "
+              << folder.path("ranks").string() << "/\n";
+  }
+  std::cout << resume_line << "LibTorch " << TORCH_VERSION << ": the fp16 modes "
+            << (cpu_fp16_autocast() ? "run under CPU float16 autocast (matmuls in float16)"
+                                    : "store activations in float16 between layers (no CPU "
+                                      "float16 autocast before LibTorch 2.2)")
+            << "\n"
+            << (!config.deterministic
+                    ? "nondeterministic: MKL (where the LibTorch has it) on its default "
+                      "threads; float32 matmuls may differ from run to run"
+                : mkl_pinned
+                    ? "deterministic: MKL's float32 matmuls on one thread, so the same command "
+                      "writes the same numbers every run (--nondeterministic: MKL's threads)"
+                    : "deterministic: this LibTorch has no MKL; its BLAS and kernels give the "
+                      "same numbers every run")
+            << std::endl;  // before anything can kill the process
+}
+
+// Trains the modes from `position` on, every rank; rank 0 writes the logs,
+// the checkpoints and the progress.
+void train_modes(const Config& config, const Dataset& train, const Dataset& test, RunFolder& folder,
+                 RankLog& rank_log, const Parallel& parallel, const Position& position,
+                 const std::string& resume_from, int64_t checkpoint_every) {
+  const bool root = parallel.rank() == 0;
+  ProgressPrinter printer(isatty(STDOUT_FILENO) != 0, config.epochs);
+  Hooks hooks;
+  hooks.step = [&](const std::string& mode, const StepRecord& r, int64_t total) {
+    rank_log.step(mode, r);
+    if (root) {
+      folder.step(mode, r);
+      printer(mode, r, total);
+    }
+  };
+  hooks.bookmark = [&](Position& p) {  // a collective: every rank's log size
+    if (root) {
+      folder.bookmark(p);
+    }
+    p.rank_log_bytes = parallel.all_gather(rank_log.flush());
+  };
+  hooks.checkpoint_every = checkpoint_every;
+  hooks.checkpoint_path = folder.checkpoint();
+  for (auto i = position.mode_index; i < static_cast<int64_t>(config.modes.size()); ++i) {
+    const ModeSummary done = train_mode(i, train, test, config, hooks,
+                                        i == position.mode_index ? resume_from : "", parallel);
+    // Always (it is small): a resumed run never repeats a finished mode.
+    Position next{i + 1, 0, 0, 0, {}};
+    if (root) {
+      folder.finished(done);
+    }
+    hooks.bookmark(next);
+    if (root) {
+      save_position(folder.checkpoint(), next);
+    }
+  }
+}
+
+// The table and the plots of a run folder's finished modes.
+void report(RunFolder& folder, const Config& config) {
+  const std::vector<ModeSummary> results = folder.summaries();
+  print_table(std::cout, results);
+  std::cout << "\nwrote " << folder.path("metrics.csv").string() << " and summary.csv\n";
+  if (plot(folder.path(""), config, folder.metrics(), results)) {
+    std::cout << "wrote loss.png, scale.png, accuracy.png, underflow.png and "
+                 "underflow-layers.png there\n";
+  } else {
+    std::cout << "gnuplot not found (Debian: apt-get install gnuplot-nox): no plots, the CSV "
+                 "has everything\n";
+  }
+}
+
+Parallel form_group(const LaunchEnv& env, const Config& config, double timeout_s,
+                    const GroupMaker& make_group) {
+  if (env.world <= 1) {
+    return Parallel();
+  }
+  try {
+    return make_group(env, config.parallel,
+                      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  } catch (const std::invalid_argument& e) {  // the launch environment
+    throw UsageError(std::string("error: ") + e.what());
+  }
+}
+
+// The run after the command line: its folder (new, or one to continue), the
+// checks, the group, the modes and the report.
+int train(Args& a, const LaunchEnv& env, const GroupMaker& make_group) {
+  const bool resume_given = !a.resume_dir.empty();
+  // Every rank knows the same folder: without --out, rank 0's clock names
+  // it (all ranks start within a second, but need not agree on which).
+  if (!resume_given && a.out_dir.empty() && env.world > 1) {
+    throw UsageError("error: on more than one process give --out (or --resume)");
+  }
+  const fs::path run_dir = resume_given        ? fs::path(a.resume_dir)
+                           : a.out_dir.empty() ? fs::path(torchamp_apps::timestamped("runs/"))
+                                               : fs::path(a.out_dir);
+  RunFolder folder(run_dir);
+  // --out on a run folder: the same command line again (a torchrun restart
+  // after a failure, or a user's); it continues where the run stopped.
+  const bool out_has_run =
+      !resume_given && !a.out_dir.empty() && fs::exists(run_dir / "config.txt");
+  const bool resuming = resume_given || out_has_run;
+  Config config = resume_given ? adopt_saved(a, folder, env.world) : a.config;
+  const bool mkl_pinned = config.deterministic && pin_mkl_to_one_thread();
+  check_runnable(config, a, env.world);
+  const Dataset all = load_digits(config.data);
+  const auto [train, test] = split(all, 0.2, config.seed);
+  if (out_has_run) {
+    check_same_run(folder, run_dir, config);
+  }
+  Position position;  // where a resumed run continues
+  if (resuming && fs::exists(folder.checkpoint())) {
+    position = read_position(folder.checkpoint());
+  }
+  if (resuming && position.mode_index >= static_cast<int64_t>(config.modes.size())) {
+    if (env.rank == 0) {
+      std::cout << "torchamp-train: the run in " << run_dir.string() << " has finished ("
+                << (config.modes.size() == 1
+                        ? std::string("its one mode")
+                        : "all " + std::to_string(config.modes.size()) + " modes")
+                << " done); nothing to do. Its results (" << folder.path("summary.csv").string()
+                << "):\n";
+      print_table(std::cout, folder.summaries());
+    }
+    return 0;
+  }
+  check_shares(config, env.world, train.x.size(0));
+  const Parallel parallel = form_group(env, config, a.timeout_s, make_group);
+  // Rank 0 sets up the folder; the others write their logs into it only
+  // after (a collective is the barrier).
+  const bool root = parallel.rank() == 0;  // writes the table, logs, plots and checkpoints
+  const bool continuing = resuming && position.metrics_bytes > 0;
+  if (root && continuing) {
+    folder.resume(position);
+  } else if (root) {
+    folder.start(config);
+    save_initial(folder.path("initial.pt").string(), config, train, test);
+  }
+  parallel.all_gather(0);
+  RankLog rank_log(folder.path(""), parallel.rank());
+  if (continuing) {
+    rank_log.resume(position, parallel.rank());
+  } else {
+    rank_log.start();
+  }
+  if (root) {
+    const std::string resume_line =
+        continuing ? "resuming at mode " + std::to_string(position.mode_index + 1) + "/" +
+                         std::to_string(config.modes.size()) + ", step " +
+                         std::to_string(position.step) + "\n"
+        : resuming ? "no checkpoint in " + run_dir.string() + " yet: the run starts again\n"
+                   : "";
+    print_banner(config, folder, parallel, train, test, resume_line, continuing, mkl_pinned);
+  }
+  const std::string resume_from = resuming && position.step > 0 ? folder.checkpoint() : "";
+  train_modes(config, train, test, folder, rank_log, parallel, position, resume_from,
+              a.checkpoint_every);
+  if (root) {
+    report(folder, config);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
+  Args a;
+  if (const int rc = parse(argc, argv, a); rc >= 0) {
+    return rc;
   }
   LaunchEnv env;
   try {
@@ -568,249 +809,12 @@ int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
                  "(TORCHAMP_WITH_DISTRIBUTED=OFF), so it cannot form a process group.\n";
     return 2;
   }
-  config.world_size = env.world;
-  config.parallel = env.world > 1 ? parallel_mode : "none";
-  config.seed = static_cast<uint64_t>(seed);
-  // The task's settings where the command line gives none.
-  const Task& task = find_task(config.task);
-  if (config.epochs == 0) {
-    config.epochs = task.epochs;
-  }
-  if (config.batch_size == 0) {
-    config.batch_size = task.batch_size;
-  }
-  if (config.optimizer.empty()) {
-    config.optimizer = task.optimizer;
-  }
-  if (app.count("--lr") == 0) {
-    config.lr = config.optimizer == task.optimizer ? task.lr
-                : config.optimizer == "sgd"        ? 0.05
-                                                   : 0.003;
-  }
-
+  complete(a.config, a, env);
   try {
-    const bool resume_given = !resume_dir.empty();
-    // Every rank knows the same folder: without --out, rank 0's clock names
-    // it (all ranks start within a second, but need not agree on which).
-    if (!resume_given && out_dir.empty() && env.world > 1) {
-      std::cerr << "error: on more than one process give --out (or --resume)\n";
-      return 2;
-    }
-    const fs::path run_dir = resume_given      ? fs::path(resume_dir)
-                             : out_dir.empty() ? fs::path(default_out_dir())
-                                               : fs::path(out_dir);
-    RunFolder folder(run_dir);
-    // --out on a run folder: the same command line again (a torchrun restart
-    // after a failure, or a user's); it continues where the run stopped.
-    const bool out_has_run =
-        !resume_given && !out_dir.empty() && fs::exists(run_dir / "config.txt");
-    const bool resuming = resume_given || out_has_run;
-    if (resume_given) {
-      // The run's own settings; an option given here must agree with them.
-      const auto saved = folder.read_config();
-      for (const auto& [key, value] : config.to_map()) {
-        const auto it = saved.find(key);
-        const CLI::Option* given = app.get_option_no_throw("--" + key);
-        if (given != nullptr && given->count() > 0 && (it == saved.end() || it->second != value)) {
-          std::cerr << "--resume: --" << key << " is " << value << " here but "
-                    << (it == saved.end() ? std::string("absent") : it->second) << " in "
-                    << resume_dir << "/config.txt\n";
-          return 2;
-        }
-      }
-      config = Config::from_map(saved);
-      // The checkpoint holds one optimizer shard per rank of the run.
-      if (config.world_size != env.world) {
-        std::cerr << "--resume: the run in " << resume_dir << " ran on " << config.world_size
-                  << " process(es) (world-size in its config.txt), this one on " << env.world
-                  << ": resume with the same number\n";
-        return 2;
-      }
-    }
-    const bool mkl_pinned = config.deterministic && pin_mkl_to_one_thread();
-    const std::vector<std::string> here = available_modes();
-    for (const auto& m : config.modes) {
-      if (std::find(here.begin(), here.end(), m) == here.end()) {
-        std::cerr << "--modes: " << m << " needs a CUDA build of LibTorch and a GPU\n";
-        return 2;
-      }
-    }
-    const Dataset all = load_digits(config.data);
-    const auto [train, test] = split(all, 0.2, config.seed);
-    // The collectives run on CPU tensors over Gloo; NCCL is not wired up. The
-    // default modes then leave the CUDA one out; asking for it is an error.
-    const auto cuda_mode = std::find(config.modes.begin(), config.modes.end(), "cuda-fp16+scaler");
-    if (env.world > 1 && cuda_mode != config.modes.end()) {
-      if (app.count("--modes") > 0 || resume_given) {
-        std::cerr << "--modes: cuda-fp16+scaler runs on one process only (several processes "
-                     "train on the CPU over Gloo; NCCL is not supported yet)\n";
-        return 2;
-      }
-      config.modes.erase(cuda_mode);
-    }
-    if (out_has_run) {
-      // Every setting must be the run's: another one would mix two runs.
-      const auto saved = folder.read_config();
-      auto mine = config.to_map();
-      for (const auto& [key, value] : saved) {
-        mine.emplace(key, "");  // compare both ways
-      }
-      for (const auto& [key, value] : mine) {
-        const auto it = saved.find(key);
-        const std::string theirs = it == saved.end() ? "" : it->second;
-        if (theirs != value) {
-          std::cerr << "--out: " << run_dir.string() << " holds a run whose --" << key << " is "
-                    << (theirs.empty() ? "unset" : theirs) << ", but this one's is "
-                    << (value.empty() ? "unset" : value)
-                    << ": give its options to continue it, or another --out\n";
-          return 2;
-        }
-      }
-    }
-    Position position;  // where a resumed run continues
-    if (resuming && fs::exists(folder.checkpoint())) {
-      position = read_position(folder.checkpoint());
-    }
-    if (resuming && position.mode_index >= static_cast<int64_t>(config.modes.size())) {
-      if (env.rank == 0) {
-        std::cout << "torchamp-train: the run in " << run_dir.string() << " has finished ("
-                  << (config.modes.size() == 1
-                          ? std::string("its one mode")
-                          : "all " + std::to_string(config.modes.size()) + " modes")
-                  << " done); nothing to do. Its results (" << folder.path("summary.csv").string()
-                  << "):\n";
-        print_table(std::cout, folder.summaries());
-      }
-      return 0;
-    }
-    // Sharded, every rank owns a parameter (the network has two per layer).
-    const int n_params = 2 * (find_task(config.task).hidden_layers + 1);
-    if (config.parallel == "sharded" && env.world > n_params) {
-      std::cerr << "--parallel sharded: " << env.world << " processes but the " << config.task
-                << " network has " << n_params << " parameters to share out\n";
-      return 2;
-    }
-    // Every rank needs a row of every batch.
-    const int64_t last_batch = train.x.size(0) % config.batch_size;
-    if (config.batch_size < env.world || (last_batch != 0 && last_batch < env.world)) {
-      std::cerr << "--batch-size: " << config.batch_size << " leaves an epoch's "
-                << (config.batch_size < env.world ? "batches" : "last batch") << " with "
-                << (config.batch_size < env.world ? config.batch_size : last_batch)
-                << " rows, fewer than the " << env.world << " processes\n";
-      return 2;
-    }
-    Parallel parallel;  // the ranks meet (torchrun's environment)
-    if (env.world > 1) {
-      try {
-        parallel = make_group(env, config.parallel,
-                              std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-      } catch (const std::invalid_argument& e) {  // the launch environment
-        std::cerr << "error: " << e.what() << "\n";
-        return 2;
-      }
-    }
-    // Rank 0 sets up the folder; the others write their logs into it only
-    // after (a collective is the barrier).
-    const bool root = parallel.rank() == 0;  // writes the table, logs, plots and checkpoints
-    const bool continuing = resuming && position.metrics_bytes > 0;
-    if (root && continuing) {
-      folder.resume(position);
-    } else if (root) {
-      folder.start(config);
-      save_initial(folder.path("initial.pt").string(), config, train, test);
-    }
-    parallel.all_gather(0);
-    RankLog rank_log(folder.path(""), parallel.rank());
-    if (continuing) {
-      rank_log.resume(position, parallel.rank());
-    } else {
-      rank_log.start();
-    }
-    if (root) {
-      std::cout << "torchamp-train: task " << config.task << " (" << find_task(config.task).summary
-                << "); " << train.x.size(0) << " training and " << test.x.size(0)
-                << " test images from " << config.data << "; " << config.epochs << " epochs, batch "
-                << config.batch_size << ", " << (config.fused ? "torchamp's fused " : "LibTorch's ")
-                << config.optimizer
-                << (config.checkpoint_layers ? ", hidden layers checkpointed" : "") << ", lr "
-                << config.lr << ", seed " << config.seed << "; "
-                << (continuing ? "resuming" : "output") << " in " << folder.path("").string()
-                << "\n";
-      if (parallel.distributed()) {
-        std::cout << parallel.world() << " processes over Gloo, "
-                  << (parallel.sharded() ? "sharded optimizer (each rank steps its shard; the "
-                                           "scaler agrees on overflow over the group)"
-                                         : "data-parallel (gradients all-reduced in buckets)")
-                  << ", global batch " << config.batch_size << "; every rank logs its steps in "
-                  << folder.path("ranks").string() << "/\n";
-      }
-      if (continuing) {
-        std::cout << "resuming at mode " << position.mode_index + 1 << "/" << config.modes.size()
-                  << ", step " << position.step << "\n";
-      } else if (resuming) {
-        std::cout << "no checkpoint in " << run_dir.string() << " yet: the run starts again\n";
-      }
-      std::cout << "LibTorch " << TORCH_VERSION << ": the fp16 modes "
-                << (cpu_fp16_autocast() ? "run under CPU float16 autocast (matmuls in float16)"
-                                        : "store activations in float16 between layers (no CPU "
-                                          "float16 autocast before LibTorch 2.2)")
-                << "\n"
-                << (!config.deterministic
-                        ? "nondeterministic: MKL (where the LibTorch has it) on its default "
-                          "threads; float32 matmuls may differ from run to run"
-                    : mkl_pinned
-                        ? "deterministic: MKL's float32 matmuls on one thread, so the same command "
-                          "writes the same numbers every run (--nondeterministic: MKL's threads)"
-                        : "deterministic: this LibTorch has no MKL; its BLAS and kernels give the "
-                          "same numbers every run")
-                << std::endl;  // before anything can kill the process
-    }
-
-    ProgressPrinter printer(isatty(STDOUT_FILENO) != 0, config.epochs);
-    Hooks hooks;
-    hooks.step = [&](const std::string& mode, const StepRecord& r, int64_t total) {
-      rank_log.step(mode, r);
-      if (root) {
-        folder.step(mode, r);
-        printer(mode, r, total);
-      }
-    };
-    hooks.bookmark = [&](Position& p) {  // a collective: every rank's log size
-      if (root) {
-        folder.bookmark(p);
-      }
-      p.rank_log_bytes = parallel.all_gather(rank_log.flush());
-    };
-    hooks.checkpoint_every = checkpoint_every;
-    hooks.checkpoint_path = folder.checkpoint();
-    const std::string resume_from = resuming && position.step > 0 ? folder.checkpoint() : "";
-    for (auto i = position.mode_index; i < static_cast<int64_t>(config.modes.size()); ++i) {
-      const ModeSummary done = train_mode(i, train, test, config, hooks,
-                                          i == position.mode_index ? resume_from : "", parallel);
-      // Always (it is small): a resumed run never repeats a finished mode.
-      Position next{i + 1, 0, 0, 0, {}};
-      if (root) {
-        folder.finished(done);
-      }
-      hooks.bookmark(next);
-      if (root) {
-        save_position(folder.checkpoint(), next);
-      }
-    }
-    if (!root) {
-      return 0;
-    }
-    const std::vector<ModeSummary> results = folder.summaries();
-    print_table(std::cout, results);
-    std::cout << "\nwrote " << folder.path("metrics.csv").string() << " and summary.csv\n";
-    if (plot(folder.path(""), config, folder.metrics(), results)) {
-      std::cout << "wrote loss.png, scale.png, accuracy.png, underflow.png and "
-                   "underflow-layers.png there\n";
-    } else {
-      std::cout << "gnuplot not found (Debian: apt-get install gnuplot-nox): no plots, the CSV "
-                   "has everything\n";
-    }
-    return 0;
+    return train(a, env, make_group);
+  } catch (const UsageError& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
   } catch (const DataError& e) {
     std::cerr << "--data: " << e.what() << "\n";
     return 2;

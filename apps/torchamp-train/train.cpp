@@ -121,10 +121,6 @@ struct Net : torch::nn::Module {
   torch::nn::Linear out{nullptr};
 };
 
-bool cuda_present() {
-  return torch::cuda::is_available();
-}
-
 // LibTorch's optimizer, or torchamp's fused one of the same name (the same
 // options either way).
 // `masters`: torchamp's fused optimizer with float32 master weights (the
@@ -163,51 +159,6 @@ std::shared_ptr<Net> initial_net(const Config& config, const Task& task) {
   return std::make_shared<Net>(task);
 }
 
-std::string format_double(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
-// A checkpoint's scalars.
-void write_int(torch::serialize::OutputArchive& a, const std::string& key, int64_t v) {
-  a.write(key, c10::IValue(v));
-}
-void write_double(torch::serialize::OutputArchive& a, const std::string& key, double v) {
-  a.write(key, c10::IValue(v));
-}
-int64_t read_int(torch::serialize::InputArchive& a, const std::string& key) {
-  c10::IValue v;
-  a.read(key, v);
-  return v.toInt();
-}
-double read_double(torch::serialize::InputArchive& a, const std::string& key) {
-  c10::IValue v;
-  a.read(key, v);
-  return v.toDouble();
-}
-
-void write_position(torch::serialize::OutputArchive& a, const Position& p) {
-  write_int(a, "position/mode_index", p.mode_index);
-  write_int(a, "position/step", p.step);
-  write_int(a, "position/metrics_bytes", p.metrics_bytes);
-  write_int(a, "position/summary_bytes", p.summary_bytes);
-  a.write("position/rank_log_bytes", c10::IValue(c10::List<int64_t>(p.rank_log_bytes)));
-}
-
-Position read_position(torch::serialize::InputArchive& a) {
-  Position p;
-  p.mode_index = read_int(a, "position/mode_index");
-  p.step = read_int(a, "position/step");
-  p.metrics_bytes = read_int(a, "position/metrics_bytes");
-  p.summary_bytes = read_int(a, "position/summary_bytes");
-  c10::IValue logs;
-  if (a.try_read("position/rank_log_bytes", logs)) {  // absent before multi-process runs
-    p.rank_log_bytes = logs.toIntVector();
-  }
-  return p;
-}
-
 // Test hook TORCHAMP_TRAIN_INJECT_INF="STEP:PARAM[,...]": in the scaled
 // modes, the gradient of parameter PARAM (in net->parameters() order) gets an
 // inf at step STEP, after the gradients are reduced, on every rank that
@@ -224,12 +175,6 @@ std::vector<std::pair<int64_t, size_t>> injected_infs() {
     out.emplace_back(std::stoll(item.substr(0, colon)), std::stoul(item.substr(colon + 1)));
   }
   return out;
-}
-
-std::string archive_bytes(torch::serialize::OutputArchive& archive) {
-  std::ostringstream s;
-  archive.save_to(s);
-  return s.str();
 }
 
 // The learning rate of step `step` of `total` on a cosine from `lr` down to 0
@@ -286,9 +231,9 @@ std::map<std::string, std::string> Config::to_map() const {
   return {{"task", task},
           {"epochs", std::to_string(epochs)},
           {"batch-size", std::to_string(batch_size)},
-          {"lr", format_double(lr)},
+          {"lr", g17(lr)},
           {"seed", std::to_string(seed)},
-          {"init-scale", format_double(init_scale)},
+          {"init-scale", g17(init_scale)},
           {"growth-interval", std::to_string(growth_interval)},
           {"optimizer", optimizer},
           {"fused", fused ? "1" : "0"},
@@ -347,22 +292,31 @@ bool cpu_fp16_autocast() {
 }
 
 std::vector<std::string> known_modes() {
-  return {"fp32",        "fp16",        "fp16+scaler",        "bf16+scaler",
-          "bf16-params", "fp16-params", "fp16-params+scaler", "cuda-fp16+scaler"};
+  std::vector<std::string> names;
+  for (const auto& m : modes()) {
+    names.push_back(m.name);
+  }
+  return names;
 }
 
 std::vector<std::string> default_modes() {
-  std::vector<std::string> modes = {"fp32", "fp16", "fp16+scaler", "bf16+scaler"};
-  if (cuda_present()) {
-    modes.push_back("cuda-fp16+scaler");
+  std::vector<std::string> names;
+  for (const auto& m : modes()) {
+    if (m.by_default && (!m.cuda || torch::cuda::is_available())) {
+      names.push_back(m.name);
+    }
   }
-  return modes;
+  return names;
 }
 
 std::vector<std::string> available_modes() {
-  std::vector<std::string> modes = default_modes();
-  modes.insert(modes.end(), {"bf16-params", "fp16-params", "fp16-params+scaler"});
-  return modes;
+  std::vector<std::string> names = default_modes();
+  for (const auto& m : modes()) {
+    if (!m.by_default && !m.cuda) {
+      names.push_back(m.name);
+    }
+  }
+  return names;
 }
 
 std::vector<std::string> activation_names(const Task& task) {
@@ -398,354 +352,402 @@ void save_initial(const std::string& path, const Config& config, const Dataset& 
   }
 }
 
-Position read_position(const std::string& checkpoint_path) {
-  torch::serialize::InputArchive a;
-  a.load_from(checkpoint_path);
-  return read_position(a);
+const std::vector<Mode>& modes() {
+  using at::kBFloat16;
+  using at::kFloat;
+  using at::kHalf;
+  // name, cuda, fp16, bf16, params, masters, scaler, by default
+  static const std::vector<Mode> all = {
+      {"fp32", false, false, false, kFloat, false, false, true},
+      {"fp16", false, true, false, kFloat, false, false, true},
+      {"fp16+scaler", false, true, false, kFloat, false, true, true},
+      {"bf16+scaler", false, false, true, kFloat, false, true, true},
+      // The model itself in bfloat16/float16; master weights except in
+      // fp16-params, which shows what they prevent.
+      {"bf16-params", false, false, false, kBFloat16, true, false, false},
+      {"fp16-params", false, false, false, kHalf, false, false, false},
+      {"fp16-params+scaler", false, false, false, kHalf, true, true, false},
+      {"cuda-fp16+scaler", true, false, false, kFloat, false, true, true},
+  };
+  return all;
 }
 
-void save_position(const std::string& checkpoint_path, const Position& position) {
-  torch::serialize::OutputArchive a;
-  write_position(a, position);
-  save_atomically(a, checkpoint_path);
+const Mode& find_mode(const std::string& name) {
+  for (const auto& m : modes()) {
+    if (m.name == name) {
+      return m;
+    }
+  }
+  throw std::invalid_argument("unknown mode '" + name + "'");
 }
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// One mode's training: the network, its optimizer (or this rank's shard of
+// it) and scaler, the counters a checkpoint keeps (bound once, in `state_`,
+// for both checkpoint and resume), and DDP on more than one process.
+class ModeRun {
+ public:
+  ModeRun(int64_t mode_index, const Dataset& train, const Dataset& test, const Config& config,
+          const Hooks& hooks, const Parallel& parallel)
+      : mode_index_(mode_index),
+        config_(config),
+        hooks_(hooks),
+        parallel_(parallel),
+        mode_(find_mode(config.modes.at(static_cast<size_t>(mode_index)))),
+        task_(find_task(config.task)),
+        fp16_autocast_(mode_.fp16 && cpu_fp16_autocast()),
+        device_(mode_.cuda ? torch::kCUDA : torch::kCPU),
+        rank_(parallel.rank()),
+        sharded_(parallel.sharded()),
+        storage_(mode_.fp16 && !fp16_autocast_ ? at::kHalf : mode_.params),
+        n_act_(static_cast<size_t>(task_.hidden_layers) + 1) {
+    if (mode_.params != at::kFloat && parallel.distributed()) {
+      throw std::invalid_argument("mode " + mode_.name + " runs on one process only");
+    }
+    reset_peak_rss();
+    result_.mode = mode_.name;
+    result_.scaled = mode_.scaler;
+    net_ = initial_net(config, task_);
+    net_->to(device_, mode_.params);
+    params_ = net_->parameters();
+    share_out();
+    optimizer_ = mode_.params != at::kFloat ? make_optimizer(mine_, config, mode_.masters)
+                                            : make_optimizer(mine_, config);
+    scaler_.emplace(torchamp::GradScalerOptions()
+                        .init_scale(config.init_scale)
+                        .growth_interval(config.growth_interval)
+                        .enabled(mode_.scaler));
+#if TORCHAMP_WITH_DISTRIBUTED
+    if (sharded_) {
+      // A rank sees only its shard's gradients: without agreement a rank
+      // whose shard overflowed would skip alone and the ranks' scales would
+      // part.
+      auto agree = torchamp::all_reduce_found_inf(parallel.group(), parallel.timeout());
+      scaler_->set_found_inf_reducer([agree, this](bool found_inf, c10::Device d) {
+        found_inf_here_ = found_inf_here_ || found_inf;
+        return agree(found_inf, d);
+      });
+    }
+#endif
+    state_.counter("skipped", result_.skipped)
+        .counter("underflow_total", overall_.total)
+        .counter("underflow_flushed", overall_.flushed)
+        .counter("underflow_subnormal", overall_.subnormal)
+        .seconds("step", step_seconds_)
+        .seconds("train", train_seconds_)
+        .seconds("wall", wall_seconds_)
+        .model(*net_);
+    if (sharded_) {
+      state_.optimizer_shard(*optimizer_, rank_);
+    } else {
+      state_.optimizer(*optimizer_);
+    }
+    if (mode_.scaler) {
+      state_.scaler(*scaler_);
+    }
+    x_train_ = train.x.to(device_);
+    y_train_ = train.y.to(device_);
+    x_test_ = test.x.to(device_);
+    y_test_ = test.y.to(device_);
+  }
+
+  // Continues from `path` when its position is inside this mode.
+  void resume(const std::string& path) {
+    if (path.empty()) {
+      return;
+    }
+    const Position saved = read_position(path);
+    if (saved.mode_index == mode_index_ && saved.step > 0) {
+      state_.load(path);
+      step_ = saved.step;
+      earlier_seconds_ = wall_seconds_;
+    }
+  }
+
+  // Data-parallel: the gradients are summed over the ranks during backward
+  // (after a resume too: the ranks have loaded the same checkpoint, and
+  // construction takes rank 0's parameters anyway).
+  void distribute() {
+#if TORCHAMP_WITH_DISTRIBUTED
+    if (parallel_.distributed() && !sharded_) {
+      ddp_.emplace(net_, parallel_.group(),
+                   torchamp::DistributedDataParallelOptions().average_gradients(false));
+    }
+#endif
+  }
+
+  void run() {
+    infs_ = injected_infs();
+    for (const auto& inf : infs_) {
+      if (inf.second >= params_.size()) {
+        throw std::invalid_argument("TORCHAMP_TRAIN_INJECT_INF: no parameter " +
+                                    std::to_string(inf.second) + " (the network has " +
+                                    std::to_string(params_.size()) + ")");
+      }
+    }
+    const int64_t n = x_train_.size(0);
+    const int64_t per_epoch = (n + config_.batch_size - 1) / config_.batch_size;
+    total_ = per_epoch * config_.epochs;
+    for (int epoch = static_cast<int>(step_ / per_epoch); epoch < config_.epochs; ++epoch) {
+      // The same batch order in every mode (and in the Python comparison).
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(config_.seed * 1000003 + epoch);
+      const at::Tensor order = torch::randperm(n, gen, torch::kLong).to(device_);
+      for (int64_t b = step_ % per_epoch; b < per_epoch; ++b) {
+        const int64_t lo = b * config_.batch_size;
+        StepRecord rec = train_step(order.slice(0, lo, std::min(n, lo + config_.batch_size)));
+        rec.epoch = epoch;
+        if (b + 1 == per_epoch) {
+          rec.test_accuracy = accuracy(x_test_, y_test_);
+        }
+        if (hooks_.step) {
+          hooks_.step(mode_.name, rec, total_);
+        }
+        if (hooks_.checkpoint_every > 0 && step_ % hooks_.checkpoint_every == 0 && step_ < total_) {
+          checkpoint();
+        }
+        maybe_die_after_step();
+      }
+    }
+  }
+
+  ModeSummary finish() {
+    torch::NoGradGuard no_grad;
+    result_.final_loss =
+        torch::nn::functional::cross_entropy(net_->forward(x_train_, at::kFloat, nullptr), y_train_)
+            .item<double>();
+    result_.test_accuracy = accuracy(x_test_, y_test_);
+    result_.final_scale = scaler_->get_scale();
+    result_.underflow = overall_.fraction(overall_.flushed);
+    result_.subnormal = overall_.fraction(overall_.subnormal);
+    result_.seconds = earlier_seconds_ + seconds_since(start_);
+    const auto steps = static_cast<double>(step_);
+    result_.step_ms = step_ > 0 ? 1e3 * step_seconds_ / steps : 0.0;
+    result_.train_step_ms = step_ > 0 ? 1e3 * train_seconds_ / steps : 0.0;
+    result_.bytes_per_param = bytes_per_param(*optimizer_, mine_);
+    result_.peak_rss_mb = peak_rss_mb();
+    return result_;
+  }
+
+ private:
+  // Sharded: this rank's optimizer holds (and steps) only the parameters it owns.
+  void share_out() {
+    owner_.assign(params_.size(), rank_);
+    if (sharded_) {
+      std::vector<int64_t> sizes;
+      for (const auto& p : params_) {
+        sizes.push_back(p.numel());
+      }
+      owner_ = partition(sizes, parallel_.world());
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (owner_[i] == rank_) {
+        mine_.push_back(params_[i]);
+      }
+    }
+  }
+
+  double accuracy(const at::Tensor& x, const at::Tensor& y) {
+    torch::NoGradGuard no_grad;
+    const at::Tensor pred = net_->forward(x, at::kFloat, nullptr).argmax(1);
+    return pred.eq(y).to(torch::kDouble).mean().item<double>();
+  }
+
+  // bf16+scaler: CPU autocast (bfloat16); fp16 modes on LibTorch >= 2.2:
+  // CPU autocast (float16); cuda: CUDA autocast (float16); else none.
+  at::Tensor forward(const at::Tensor& x, std::vector<Underflow>& stats) {
+    torchamp::autocast guard(
+        device_, fp16_autocast_ ? std::optional<at::ScalarType>(torch::kHalf) : std::nullopt,
+        /*enabled=*/mode_.bf16 || fp16_autocast_ || mode_.cuda);
+    auto forward = [&] { return net_->forward(x, storage_, &stats, config_.checkpoint_layers); };
+#if TORCHAMP_WITH_DISTRIBUTED
+    return ddp_ ? ddp_->forward(forward) : forward();
+#else
+    return forward();
+#endif
+  }
+
+  // The gradients (new tensors each step where zero_grad sets them to none,
+  // LibTorch 2.x), reduced where the run is on more than one process; the
+  // step's loss and underflow counts summed over the ranks in `sums`.
+  std::vector<at::Tensor> reduce(at::Tensor& sums) {
+    std::vector<at::Tensor> grads;
+    for (const auto& p : params_) {
+      grads.push_back(p.grad());
+    }
+    // Sharded: the gradients, still scaled, summed into their owners.
+    if (sharded_) {
+      parallel_.reduce_to_owners(grads, owner_);
+    }
+    // In float16 every weight and bias gradient is a sum over the batch
+    // rounded to float16 (autocast's float16 matmul, or the rounding that
+    // stands in for it): on one process the whole batch's sum, inf from
+    // 65520 up. Here each rank rounded its slice's, and their float32 sum
+    // can pass 65520 where no slice did. Rounded to float16 the same way,
+    // the sum overflows where one process's does, so the scaler skips the
+    // same steps at every scale.
+    if (parallel_.distributed() && mode_.fp16) {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (owner_[i] == rank_) {
+          grads[i].copy_(grads[i].to(at::kHalf));
+        }
+      }
+    }
+    parallel_.all_reduce_sum({sums});
+    for (const auto& [at_step, index] : infs_) {
+      if (at_step == step_ && mode_.scaler && owner_[index] == rank_) {
+        torch::NoGradGuard no_grad;
+        grads[index].view({-1})[0].fill_(std::numeric_limits<float>::infinity());
+      }
+    }
+    return grads;
+  }
+
+  // One optimizer step over the global batch `batch` (indices into the
+  // training set); this rank trains on its slice.
+  StepRecord train_step(const at::Tensor& batch) {
+    const auto train_start = std::chrono::steady_clock::now();
+    // Data-parallel: this rank's slice of the global batch.
+    const int64_t m = batch.size(0), world = parallel_.world();
+    const at::Tensor idx = batch.slice(0, m * rank_ / world, m * (rank_ + 1) / world);
+    const at::Tensor x = x_train_.index_select(0, idx), y = y_train_.index_select(0, idx);
+    if (task_.cosine) {
+      set_lr(*optimizer_, cosine_lr(config_.lr, step_, total_));
+    }
+    net_->zero_grad();  // not the optimizer's: in the sharded mode it holds only a shard
+    std::vector<Underflow> stats(n_act_);
+    const at::Tensor logits = forward(x, stats);
+    // Each rank's loss is the mean over its slice, weighted by the slice's
+    // share of the global batch before backward; the ranks' gradients are
+    // then summed (by DDP in the data-parallel mode, into their owners in
+    // the sharded one). So every float16 activation gradient has the size
+    // it has on one process, and overflows at the same scale: averaging
+    // unweighted slice means (Python DDP's way) makes them N times larger.
+    const at::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y);
+    const double share = static_cast<double>(idx.size(0)) / static_cast<double>(m);
+    parallel_.guard("gradient all-reduce", [&] {
+      scaler_->scale(parallel_.distributed() ? loss * share : loss).backward();
+    });
+    // The step's loss and underflow counts, summed over the ranks with the
+    // gradients (all collectives of a call are in flight together).
+    at::Tensor sums = torch::empty({1 + 3 * static_cast<int64_t>(n_act_)}, torch::kDouble);
+    auto* v = sums.data_ptr<double>();
+    v[0] = loss.item<double>() * share;
+    for (size_t l = 0; l < n_act_; ++l) {
+      v[1 + 3 * l] = static_cast<double>(stats[l].total);
+      v[2 + 3 * l] = static_cast<double>(stats[l].flushed);
+      v[3 + 3 * l] = static_cast<double>(stats[l].subnormal);
+    }
+    reduce(sums);
+    const double* summed = sums.data_ptr<double>();
+    found_inf_here_ = false;
+    const auto step_start = std::chrono::steady_clock::now();
+    const bool skipped_now = !scaler_->step(*optimizer_).has_value();
+    if (skipped_now) {
+      ++result_.skipped;
+    }
+    step_seconds_ += seconds_since(step_start);
+    if (mode_.scaler) {
+      scaler_->update();
+    }
+    if (sharded_ && !skipped_now) {
+      // Every rank skipped or none did; after a step each owner sends its parameters.
+      torch::NoGradGuard no_grad;
+      parallel_.broadcast_from_owners(params_, owner_);
+    }
+    for (size_t l = 0; l < n_act_; ++l) {
+      stats[l].total = static_cast<int64_t>(summed[1 + 3 * l]);
+      stats[l].flushed = static_cast<int64_t>(summed[2 + 3 * l]);
+      stats[l].subnormal = static_cast<int64_t>(summed[3 + 3 * l]);
+    }
+    train_seconds_ += seconds_since(train_start);
+    Underflow all;
+    std::vector<double> layers;
+    for (const auto& s : stats) {
+      all.add(s);
+      layers.push_back(s.fraction(s.flushed));
+    }
+    overall_.add(all);
+    ++step_;
+    return StepRecord{step_ - 1,
+                      0,
+                      summed[0],
+                      scaler_->get_scale(),
+                      result_.skipped,
+                      all.fraction(all.flushed),
+                      all.fraction(all.subnormal),
+                      std::numeric_limits<double>::quiet_NaN(),
+                      std::move(layers),
+                      skipped_now,
+                      sharded_ ? found_inf_here_ : skipped_now};
+  }
+
+  // Every rank takes part (the bookmark and the shards' gather are
+  // collectives); rank 0 writes.
+  void checkpoint() {
+    Position p{mode_index_, step_, 0, 0, {}};
+    hooks_.bookmark(p);
+    if (rank_ != 0 && !sharded_) {
+      return;  // its optimizer is rank 0's
+    }
+    const std::vector<std::string> shards =
+        sharded_ ? parallel_.gather_to_root(state_.optimizer_bytes()) : std::vector<std::string>{};
+    if (rank_ != 0) {
+      return;
+    }
+    wall_seconds_ = earlier_seconds_ + seconds_since(start_);
+    state_.save(hooks_.checkpoint_path, p, shards);
+  }
+
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  const int64_t mode_index_;
+  const Config& config_;
+  const Hooks& hooks_;
+  const Parallel& parallel_;
+  const Mode& mode_;
+  const Task& task_;
+  const bool fp16_autocast_;
+  const torch::Device device_;
+  const int rank_;
+  const bool sharded_;
+  const at::ScalarType storage_;  // what activations round-trip through
+  const size_t n_act_;
+
+  ModeSummary result_;
+  std::shared_ptr<Net> net_;
+  std::vector<at::Tensor> params_, mine_;
+  std::vector<int> owner_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::optional<torchamp::GradScaler> scaler_;
+#if TORCHAMP_WITH_DISTRIBUTED
+  std::optional<torchamp::DistributedDataParallel> ddp_;
+#endif
+  bool found_inf_here_ = false;  // this rank's own gradients, before the group agreed
+  std::vector<std::pair<int64_t, size_t>> infs_;
+  at::Tensor x_train_, y_train_, x_test_, y_test_;
+
+  // What a checkpoint keeps, bound in `state_`.
+  Underflow overall_;
+  int64_t step_ = 0, total_ = 0;
+  double step_seconds_ = 0, train_seconds_ = 0, wall_seconds_ = 0, earlier_seconds_ = 0;
+  torchamp_apps::RunState state_;
+};
+
+}  // namespace
 
 ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& test,
                        const Config& config, const Hooks& hooks, const std::string& resume_from,
                        const Parallel& parallel) {
-  const auto start = std::chrono::steady_clock::now();
-  const std::string& mode = config.modes.at(static_cast<size_t>(mode_index));
-  const Task& task = find_task(config.task);
-  const bool fp16 = mode == "fp16" || mode == "fp16+scaler";
-  const bool fp16_autocast = fp16 && cpu_fp16_autocast();
-  const bool half_storage = fp16 && !fp16_autocast;
-  const bool cuda = mode == "cuda-fp16+scaler";
-  const bool autocast_bf16 = mode == "bf16+scaler";
-  const torch::Device device = cuda ? torch::kCUDA : torch::kCPU;
-  const int rank = parallel.rank();
-  const bool sharded = parallel.sharded();
-  // <dtype>-params: the model itself in float16/bfloat16; master weights
-  // except in fp16-params (which shows what they prevent).
-  const at::ScalarType param_dtype = mode.rfind("fp16-params", 0) == 0   ? at::kHalf
-                                     : mode.rfind("bf16-params", 0) == 0 ? at::kBFloat16
-                                                                         : at::kFloat;
-  const bool low_params = param_dtype != at::kFloat;
-  if (low_params && parallel.distributed()) {
-    throw std::invalid_argument("mode " + mode + " runs on one process only");
-  }
-  const at::ScalarType storage = half_storage ? at::kHalf : low_params ? param_dtype : at::kFloat;
-  reset_peak_rss();
-
-  ModeSummary result;
-  result.mode = mode;
-  result.scaled = mode.find("+scaler") != std::string::npos;
-
-  const auto net = initial_net(config, task);
-  net->to(device, param_dtype);
-  const std::vector<at::Tensor> params = net->parameters();
-  // Sharded: this rank's optimizer holds (and steps) only the parameters it owns.
-  std::vector<int> owner(params.size(), rank);
-  if (sharded) {
-    std::vector<int64_t> sizes;
-    for (const auto& p : params) {
-      sizes.push_back(p.numel());
-    }
-    owner = partition(sizes, parallel.world());
-  }
-  std::vector<at::Tensor> mine;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (owner[i] == rank) {
-      mine.push_back(params[i]);
-    }
-  }
-  const std::unique_ptr<torch::optim::Optimizer> optimizer_ptr =
-      low_params ? make_optimizer(mine, config, mode != "fp16-params")
-                 : make_optimizer(mine, config);
-  torch::optim::Optimizer& optimizer = *optimizer_ptr;
-  torchamp::GradScaler scaler(torchamp::GradScalerOptions()
-                                  .init_scale(config.init_scale)
-                                  .growth_interval(config.growth_interval)
-                                  .enabled(result.scaled));
-  // What this rank's own gradients said before the group agreed.
-  bool found_inf_here = false;
-#if TORCHAMP_WITH_DISTRIBUTED
-  if (sharded) {
-    // A rank sees only its shard's gradients: without agreement a rank whose
-    // shard overflowed would skip alone and the ranks' scales would part.
-    auto agree = torchamp::all_reduce_found_inf(parallel.group(), parallel.timeout());
-    scaler.set_found_inf_reducer([agree, &found_inf_here](bool found_inf, c10::Device d) {
-      found_inf_here = found_inf_here || found_inf;
-      return agree(found_inf, d);
-    });
-  }
-#endif
-
-  const size_t n_act = static_cast<size_t>(task.hidden_layers) + 1;
-  Underflow overall;
-  int64_t step = 0;
-  double step_seconds = 0, train_seconds = 0, earlier_seconds = 0;
-  if (!resume_from.empty()) {
-    torch::serialize::InputArchive a;
-    a.load_from(resume_from);
-    const Position saved = read_position(a);
-    if (saved.mode_index == mode_index && saved.step > 0) {
-      step = saved.step;
-      result.skipped = read_int(a, "counters/skipped");
-      overall.total = read_int(a, "counters/underflow_total");
-      overall.flushed = read_int(a, "counters/underflow_flushed");
-      overall.subnormal = read_int(a, "counters/underflow_subnormal");
-      step_seconds = read_double(a, "times/step");
-      train_seconds = read_double(a, "times/train");
-      earlier_seconds = read_double(a, "times/wall");
-      torch::serialize::InputArchive model, opt;
-      a.read("model", model);
-      net->load(model);
-      if (sharded) {
-        at::Tensor bytes;
-        a.read("optimizer_shard/" + std::to_string(rank), bytes);
-        opt.load_from(static_cast<const char*>(bytes.data_ptr()),
-                      static_cast<size_t>(bytes.numel()));
-      } else {
-        a.read("optimizer", opt);
-      }
-      optimizer.load(opt);
-      if (result.scaled) {
-        torch::serialize::InputArchive s;
-        a.read("scaler", s);
-        s >> scaler;
-      }
-    }
-  }
-
-#if TORCHAMP_WITH_DISTRIBUTED
-  // Data-parallel: the gradients are summed over the ranks during backward
-  // (after a resume too: the ranks have loaded the same checkpoint, and
-  // construction takes rank 0's parameters anyway).
-  std::optional<torchamp::DistributedDataParallel> ddp;
-  if (parallel.distributed() && !sharded) {
-    ddp.emplace(net, parallel.group(),
-                torchamp::DistributedDataParallelOptions().average_gradients(false));
-  }
-#endif
-
-  // Every rank takes part (the bookmark and the shards' gather are
-  // collectives); rank 0 writes.
-  auto checkpoint = [&] {
-    Position p{mode_index, step, 0, 0, {}};
-    hooks.bookmark(p);
-    if (rank != 0 && !sharded) {
-      return;  // its optimizer is rank 0's
-    }
-    torch::serialize::OutputArchive opt;
-    optimizer.save(opt);
-    const std::vector<std::string> shards =
-        sharded ? parallel.gather_to_root(archive_bytes(opt)) : std::vector<std::string>{};
-    if (rank != 0) {
-      return;
-    }
-    torch::serialize::OutputArchive a;
-    write_position(a, p);
-    write_int(a, "counters/skipped", result.skipped);
-    write_int(a, "counters/underflow_total", overall.total);
-    write_int(a, "counters/underflow_flushed", overall.flushed);
-    write_int(a, "counters/underflow_subnormal", overall.subnormal);
-    write_double(a, "times/step", step_seconds);
-    write_double(a, "times/train", train_seconds);
-    write_double(
-        a, "times/wall",
-        earlier_seconds +
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    torch::serialize::OutputArchive model;
-    net->save(model);
-    a.write("model", model);
-    if (sharded) {
-      for (size_t r = 0; r < shards.size(); ++r) {
-        at::Tensor bytes = torch::empty({static_cast<int64_t>(shards[r].size())}, torch::kByte);
-        std::memcpy(bytes.data_ptr(), shards[r].data(), shards[r].size());
-        a.write("optimizer_shard/" + std::to_string(r), bytes);
-      }
-    } else {
-      a.write("optimizer", opt);
-    }
-    if (result.scaled) {
-      torch::serialize::OutputArchive s;
-      s << scaler;
-      a.write("scaler", s);
-    }
-    save_atomically(a, hooks.checkpoint_path);
-  };
-
-  const std::vector<std::pair<int64_t, size_t>> infs = injected_infs();
-  for (const auto& inf : infs) {
-    if (inf.second >= params.size()) {
-      throw std::invalid_argument("TORCHAMP_TRAIN_INJECT_INF: no parameter " +
-                                  std::to_string(inf.second) + " (the network has " +
-                                  std::to_string(params.size()) + ")");
-    }
-  }
-  const at::Tensor x_train = train.x.to(device), y_train = train.y.to(device);
-  const at::Tensor x_test = test.x.to(device), y_test = test.y.to(device);
-  auto accuracy = [&](const at::Tensor& x, const at::Tensor& y) {
-    torch::NoGradGuard no_grad;
-    const at::Tensor pred = net->forward(x, at::kFloat, nullptr).argmax(1);
-    return pred.eq(y).to(torch::kDouble).mean().item<double>();
-  };
-  const int64_t n = x_train.size(0);
-  const int64_t per_epoch = (n + config.batch_size - 1) / config.batch_size;
-  const int64_t total = per_epoch * config.epochs;
-  for (int epoch = static_cast<int>(step / per_epoch); epoch < config.epochs; ++epoch) {
-    // The same batch order in every mode (and in the Python comparison).
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(config.seed * 1000003 + epoch);
-    const at::Tensor order = torch::randperm(n, gen, torch::kLong).to(device);
-    for (int64_t b = step % per_epoch; b < per_epoch; ++b) {
-      const auto train_start = std::chrono::steady_clock::now();
-      const int64_t lo = b * config.batch_size, hi = std::min(n, (b + 1) * config.batch_size);
-      // Data-parallel: this rank's slice of the global batch.
-      const int64_t m = hi - lo, world = parallel.world();
-      const at::Tensor idx = order.slice(0, lo + m * rank / world, lo + m * (rank + 1) / world);
-      const at::Tensor x = x_train.index_select(0, idx), y = y_train.index_select(0, idx);
-      if (task.cosine) {
-        set_lr(optimizer, cosine_lr(config.lr, step, total));
-      }
-      net->zero_grad();  // not the optimizer's: in the sharded mode it holds only a shard
-      std::vector<Underflow> stats(n_act);
-      // bf16+scaler: CPU autocast (bfloat16); fp16 modes on LibTorch >= 2.2:
-      // CPU autocast (float16); cuda: CUDA autocast (float16); else none.
-      torchamp::autocast guard(
-          device, fp16_autocast ? std::optional<at::ScalarType>(torch::kHalf) : std::nullopt,
-          /*enabled=*/autocast_bf16 || fp16_autocast || cuda);
-      auto forward = [&] { return net->forward(x, storage, &stats, config.checkpoint_layers); };
-#if TORCHAMP_WITH_DISTRIBUTED
-      const at::Tensor logits = ddp ? ddp->forward(forward) : forward();
-#else
-      const at::Tensor logits = forward();
-#endif
-      guard.exit();
-      // Each rank's loss is the mean over its slice, weighted by the slice's
-      // share of the global batch before backward; the ranks' gradients are
-      // then summed (by DDP in the data-parallel mode, into their owners in
-      // the sharded one). So every float16 activation gradient has the size
-      // it has on one process, and overflows at the same scale: averaging
-      // unweighted slice means (Python DDP's way) makes them N times larger.
-      const at::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y);
-      const double share = static_cast<double>(idx.size(0)) / static_cast<double>(m);
-      parallel.guard("gradient all-reduce", [&] {
-        scaler.scale(parallel.distributed() ? loss * share : loss).backward();
-      });
-      // (New tensors each step where zero_grad sets them to none, LibTorch 2.x.)
-      std::vector<at::Tensor> grads;
-      for (const auto& p : params) {
-        grads.push_back(p.grad());
-      }
-      // The step's loss and underflow counts, summed over the ranks with the
-      // gradients (all collectives of a call are in flight together).
-      at::Tensor sums = torch::empty({1 + 3 * static_cast<int64_t>(n_act)}, torch::kDouble);
-      {
-        auto* v = sums.data_ptr<double>();
-        v[0] = loss.item<double>() * share;
-        for (size_t l = 0; l < n_act; ++l) {
-          v[1 + 3 * l] = static_cast<double>(stats[l].total);
-          v[2 + 3 * l] = static_cast<double>(stats[l].flushed);
-          v[3 + 3 * l] = static_cast<double>(stats[l].subnormal);
-        }
-      }
-      // Sharded: the gradients, still scaled, summed into their owners.
-      if (sharded) {
-        parallel.reduce_to_owners(grads, owner);
-      }
-      // In float16 every weight and bias gradient is a sum over the batch
-      // rounded to float16 (autocast's float16 matmul, or the rounding that
-      // stands in for it): on one process the whole batch's sum, inf from
-      // 65520 up. Here each rank rounded its slice's, and their float32 sum
-      // can pass 65520 where no slice did. Rounded to float16 the same way,
-      // the sum overflows where one process's does, so the scaler skips the
-      // same steps at every scale.
-      if (parallel.distributed() && fp16) {
-        torch::NoGradGuard no_grad;
-        for (size_t i = 0; i < grads.size(); ++i) {
-          if (owner[i] == rank) {
-            grads[i].copy_(grads[i].to(at::kHalf));
-          }
-        }
-      }
-      parallel.all_reduce_sum({sums});
-      for (const auto& [at_step, index] : infs) {
-        if (at_step == step && result.scaled && owner[index] == rank) {
-          torch::NoGradGuard no_grad;
-          grads[index].view({-1})[0].fill_(std::numeric_limits<float>::infinity());
-        }
-      }
-      found_inf_here = false;
-      const auto step_start = std::chrono::steady_clock::now();
-      const bool skipped_now = !scaler.step(optimizer).has_value();
-      if (skipped_now) {
-        ++result.skipped;
-      }
-      step_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
-      if (result.scaled) {
-        scaler.update();
-      }
-      if (sharded && !skipped_now) {
-        // Every rank skipped or none did; after a step each owner sends its parameters.
-        torch::NoGradGuard no_grad;
-        parallel.broadcast_from_owners(params, owner);
-      }
-      const double* v = sums.data_ptr<double>();
-      const double loss_value = v[0];
-      for (size_t l = 0; l < n_act; ++l) {
-        stats[l].total = static_cast<int64_t>(v[1 + 3 * l]);
-        stats[l].flushed = static_cast<int64_t>(v[2 + 3 * l]);
-        stats[l].subnormal = static_cast<int64_t>(v[3 + 3 * l]);
-      }
-      train_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
-      Underflow all;
-      std::vector<double> layers;
-      for (const auto& s : stats) {
-        all.add(s);
-        layers.push_back(s.fraction(s.flushed));
-      }
-      overall.add(all);
-      ++step;
-      const bool epoch_end = b + 1 == per_epoch;
-      StepRecord rec{
-          step - 1,
-          epoch,
-          loss_value,
-          scaler.get_scale(),
-          result.skipped,
-          all.fraction(all.flushed),
-          all.fraction(all.subnormal),
-          epoch_end ? accuracy(x_test, y_test) : std::numeric_limits<double>::quiet_NaN(),
-          std::move(layers),
-          skipped_now,
-          sharded ? found_inf_here : skipped_now};
-      if (hooks.step) {
-        hooks.step(mode, rec, total);
-      }
-      if (hooks.checkpoint_every > 0 && step % hooks.checkpoint_every == 0 && step < total) {
-        checkpoint();
-      }
-      maybe_die_after_step();
-    }
-  }
-
-  torch::NoGradGuard no_grad;
-  result.final_loss =
-      torch::nn::functional::cross_entropy(net->forward(x_train, at::kFloat, nullptr), y_train)
-          .item<double>();
-  result.test_accuracy = accuracy(x_test, y_test);
-  result.final_scale = scaler.get_scale();
-  result.underflow = overall.fraction(overall.flushed);
-  result.subnormal = overall.fraction(overall.subnormal);
-  result.seconds = earlier_seconds +
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.step_ms = step > 0 ? 1e3 * step_seconds / static_cast<double>(step) : 0.0;
-  result.train_step_ms = step > 0 ? 1e3 * train_seconds / static_cast<double>(step) : 0.0;
-  result.bytes_per_param = bytes_per_param(optimizer, mine);
-  result.peak_rss_mb = peak_rss_mb();
-  return result;
+  ModeRun run(mode_index, train, test, config, hooks, parallel);
+  run.resume(resume_from);
+  run.distribute();
+  run.run();
+  return run.finish();
 }
 
 }  // namespace torchamp_train

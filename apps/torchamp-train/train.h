@@ -8,6 +8,9 @@
 #include "parallel.h"
 #include "support.h"
 
+#include "run_state.h"
+
+#include <c10/core/ScalarType.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -99,11 +102,30 @@ struct ModeSummary {
 
 // App support (apps/common/support.h), used here unqualified.
 using torchamp_apps::bytes_per_param;
+using torchamp_apps::g17;
 using torchamp_apps::maybe_die_after_step;
 using torchamp_apps::peak_rss_mb;
 using torchamp_apps::pin_mkl_to_one_thread;
 using torchamp_apps::reset_peak_rss;
 using torchamp_apps::save_atomically;
+
+/// A precision mode: what the forward runs in, what the parameters are, and
+/// whether a GradScaler and master weights take part.
+struct Mode {
+  std::string name;
+  bool cuda;               // on the GPU, under CUDA float16 autocast
+  bool fp16;               // CPU float16: autocast where LibTorch has it, else float16 storage
+  bool bf16;               // CPU bfloat16 autocast
+  c10::ScalarType params;  // the parameters' own dtype
+  bool masters;            // float32 master weights (torchamp's fused optimizer)
+  bool scaler;             // a GradScaler on the loss
+  bool by_default;         // trained without --modes (where available)
+};
+
+/// Every mode, in the order of the table; the one named (throws
+/// std::invalid_argument naming it otherwise).
+const std::vector<Mode>& modes();
+const Mode& find_mode(const std::string& name);
 
 /// Whether the fp16 modes run under real CPU float16 autocast (LibTorch >=
 /// 2.2); otherwise they store activations in float16 between layers.
@@ -122,14 +144,10 @@ std::vector<std::string> known_modes();
 /// "out"): metrics.csv's per-layer underflow columns.
 std::vector<std::string> activation_names(const Task& task);
 
-/// Where a run stands: written into every checkpoint.
-struct Position {
-  int64_t mode_index = 0;     // into Config::modes
-  int64_t step = 0;           // steps done in that mode; 0 = start it afresh
-  int64_t metrics_bytes = 0;  // metrics.csv's and summary.csv's sizes at the checkpoint
-  int64_t summary_bytes = 0;
-  std::vector<int64_t> rank_log_bytes;  // each rank's own log (ranks/rank<r>.csv)
-};
+// App support (apps/common/run_state.h): where a run stands.
+using torchamp_apps::Position;
+using torchamp_apps::read_position;
+using torchamp_apps::save_position;
 
 /// What train_mode reports and asks for along the way.
 struct Hooks {
@@ -146,11 +164,6 @@ struct Hooks {
 /// reads.
 void save_initial(const std::string& path, const Config& config, const Dataset& train,
                   const Dataset& test);
-
-/// The position stored in a checkpoint file.
-Position read_position(const std::string& checkpoint_path);
-/// Writes a checkpoint holding only a position (between modes).
-void save_position(const std::string& checkpoint_path, const Position& position);
 
 /// Trains mode `config.modes[mode_index]`; from the checkpoint at
 /// `resume_from` when that is non-empty and holds a position inside this

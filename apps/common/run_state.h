@@ -1,0 +1,107 @@
+#pragma once
+
+// A main job's run folder and its checkpoints, shared by every app: where a
+// run stands (Position), the one record of what a checkpoint holds
+// (RunState: the same object writes it and reads it back, so checkpoint and
+// resume cannot drift), the two logs a checkpoint cuts back to (RunLogs),
+// and the CSV cells they are written in.
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torchamp {
+class GradScaler;
+}
+
+namespace torchamp_apps {
+
+/// Where a run stands: written into every checkpoint.
+struct Position {
+  int64_t mode_index = 0;     // into the run's list of modes
+  int64_t step = 0;           // steps done in that mode; 0 = start it afresh
+  int64_t metrics_bytes = 0;  // metrics.csv's and summary.csv's sizes at the checkpoint
+  int64_t summary_bytes = 0;
+  std::vector<int64_t> rank_log_bytes;  // each rank's own log, where the app keeps one
+};
+
+/// The position stored in a checkpoint file.
+Position read_position(const std::string& checkpoint_path);
+/// Writes a checkpoint holding only a position (between modes), atomically.
+void save_position(const std::string& checkpoint_path, const Position& position);
+
+/// What one mode's checkpoint holds beyond its position: named counters and
+/// times, the model, the optimizer (whole, or one shard per rank) and the
+/// scaler. Bind the variables once; save() writes them and load() reads them
+/// back into the same variables.
+class RunState {
+ public:
+  RunState& counter(std::string key, int64_t& value);
+  RunState& seconds(std::string key, double& value);
+  RunState& model(torch::nn::Module& model);
+  RunState& optimizer(torch::optim::Optimizer& optimizer);
+  /// The optimizer holds rank `rank`'s shard: save() takes every rank's
+  /// bytes (gathered by the caller), load() reads this rank's.
+  RunState& optimizer_shard(torch::optim::Optimizer& optimizer, int rank);
+  RunState& scaler(torchamp::GradScaler& scaler);
+
+  /// This rank's optimizer, serialized (what a sharded save gathers).
+  std::string optimizer_bytes() const;
+  /// Writes `position` and everything bound to `path`, atomically; `shards`:
+  /// every rank's optimizer_bytes() when the optimizer is sharded.
+  void save(const std::string& path, const Position& position,
+            const std::vector<std::string>& shards = {}) const;
+  /// Reads everything bound from `path`; returns its position.
+  Position load(const std::string& path) const;
+
+ private:
+  std::vector<std::pair<std::string, int64_t*>> counters_;
+  std::vector<std::pair<std::string, double*>> seconds_;
+  torch::nn::Module* model_ = nullptr;
+  torch::optim::Optimizer* optimizer_ = nullptr;
+  int shard_ = -1;  // >= 0: the optimizer is this rank's shard
+  torchamp::GradScaler* scaler_ = nullptr;
+};
+
+/// A run folder's two logs: metrics.csv (a row per step) and summary.csv (a
+/// row per finished mode), appended as the run goes. A checkpoint records
+/// their sizes (bookmark); a resume cuts them back to those.
+class RunLogs {
+ public:
+  explicit RunLogs(std::filesystem::path dir) : dir_(std::move(dir)) {}
+
+  std::filesystem::path path(const std::string& name) const { return dir_ / name; }
+  /// New logs holding only their headers.
+  void start(const std::string& metrics_header, const std::string& summary_header);
+  /// The logs as they were at `p` (whatever was written after it goes).
+  void resume(const Position& p);
+  /// Flushes both and records their sizes in `p`.
+  void bookmark(Position& p);
+  std::ofstream& metrics() { return metrics_; }
+  std::ofstream& summary() { return summary_; }
+  /// The rows of a log (after its header), flushed first.
+  std::vector<std::vector<std::string>> metrics_rows();
+  std::vector<std::vector<std::string>> summary_rows();
+
+ private:
+  void open();
+  std::filesystem::path dir_;
+  std::ofstream metrics_, summary_;
+};
+
+/// A double as "%.17g" (what the logs hold: read back, the same double).
+std::string g17(double v);
+/// One CSV line's cells (a trailing comma gives a last empty cell).
+std::vector<std::string> split_csv(const std::string& line);
+/// A CSV file's rows after its header; none for a missing file.
+std::vector<std::vector<std::string>> read_csv(const std::filesystem::path& path);
+/// `prefix` followed by the local date and time, "2026-12-04_09-30-00".
+std::string timestamped(const std::string& prefix);
+
+}  // namespace torchamp_apps
