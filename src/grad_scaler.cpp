@@ -26,7 +26,8 @@ GradScaler::GradScaler(GradScalerOptions options)
                 options.min_scale()),
       init_scale_(options.init_scale()),
       enabled_(options.enabled()),
-      max_consecutive_skips_(options.max_consecutive_skips()) {
+      max_consecutive_skips_(options.max_consecutive_skips()),
+      unscale_float16_(options.unscale_float16()) {
   ScaleSchedule::check_tracker(options.max_consecutive_skips(), "max_consecutive_skips");
 }
 
@@ -40,7 +41,8 @@ GradScalerOptions GradScaler::options() const {
       .dynamic(schedule_.dynamic())
       .enabled(enabled_)
       .min_scale(schedule_.min_scale())
-      .max_consecutive_skips(max_consecutive_skips_);
+      .max_consecutive_skips(max_consecutive_skips_)
+      .unscale_float16(unscale_float16_);
 }
 
 at::Tensor GradScaler::scale(const at::Tensor& output) {
@@ -94,8 +96,8 @@ bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerSta
   const std::optional<float> inv_scale =
       unscale ? std::optional<float>(inverse(schedule_.scale())) : std::nullopt;
   // float16 gradients: checked for an optimizer that takes the scale (Python's
-  // allow_fp16 on the fused path), unscaled only by the Paddle facade.
-  const bool allow_fp16 = !unscale || unscale_fp16_;
+  // allow_fp16 on the fused path), unscaled only with the option on.
+  const bool allow_fp16 = !unscale || unscale_float16_;
   // With a reducer, ranks agree first (a read-only pass, then one collective),
   // so a failed collective leaves every gradient and stage as it was.
   std::optional<bool> agreed;

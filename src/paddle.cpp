@@ -25,7 +25,11 @@ GradScalerOptions paddle_options(bool enable, double init_loss_scaling, double i
       .backoff_factor(decr_ratio)
       .growth_interval(incr_every_n_steps)
       .backoff_interval(decr_every_n_nan_or_inf)
-      .dynamic(use_dynamic_loss_scaling);
+      .dynamic(use_dynamic_loss_scaling)
+      // Paddle's _unscale takes float16 gradients (of float16 parameters,
+      // O2): multiplied in float32 by the float32 inverse scale and rounded
+      // once, as its check_finite_and_unscale kernel.
+      .unscale_float16(true);
 }
 
 }  // namespace
@@ -34,12 +38,7 @@ GradScaler::GradScaler(bool enable, double init_loss_scaling, double incr_ratio,
                        int64_t incr_every_n_steps, int64_t decr_every_n_nan_or_inf,
                        bool use_dynamic_loss_scaling)
     : core_(paddle_options(enable, init_loss_scaling, incr_ratio, decr_ratio, incr_every_n_steps,
-                           decr_every_n_nan_or_inf, use_dynamic_loss_scaling)) {
-  // Paddle's _unscale takes float16 gradients (of float16 parameters, O2):
-  // multiplied in float32 by the float32 inverse scale and rounded once, as
-  // its check_finite_and_unscale kernel.
-  core_.unscale_fp16_ = true;
-}
+                           decr_every_n_nan_or_inf, use_dynamic_loss_scaling)) {}
 
 std::optional<at::Tensor> GradScaler::minimize(torch::optim::Optimizer& optimizer) {
   auto result = core_.step(optimizer);

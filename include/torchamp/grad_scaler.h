@@ -32,10 +32,6 @@ class OutputArchive;
 
 namespace torchamp {
 
-namespace paddle {
-class GradScaler;
-}  // namespace paddle
-
 /// A scaler's serialisable state: a string-keyed dictionary of IValues, the
 /// type `torch::pickle_load(bytes).toGenericDict()` returns. An empty one is
 /// `StateDict(c10::StringType::get(), c10::AnyType::get())`.
@@ -70,6 +66,10 @@ struct GradScalerOptions {
   /// update), `step` throws instead of silently not training; 0 (default):
   /// never. >= 0.
   TORCH_ARG(int64_t, max_consecutive_skips) = 0;
+  /// true: `unscale_` also unscales float16 gradients (in float32, rounded
+  /// once: Paddle's `_unscale`, which the Paddle facade sets). false
+  /// (default, as PyTorch): it refuses them.
+  TORCH_ARG(bool, unscale_float16) = false;
 };
 
 /// A parameter whose gradient held an inf/NaN at the last `unscale_`.
@@ -280,7 +280,7 @@ class GradScaler {
 
   /// Loads a `state_dict()` or a dict of one of the other schemas it knows:
   /// Python's GradScaler's (PyTorch's five keys; our six extension keys then
-  /// keep their values), Paddle's (`paddle::GradScaler::state_dict()`), and
+  /// keep their values), Paddle's (`paddle.amp.GradScaler`'s keys), and
   /// lucid's (the reference page's framework: `scale`, `growth_factor`,
   /// `backoff_factor`, `growth_interval`, `growth_tracker`). The keys say which
   /// schema a dict is; one mixing two is refused. Every key's presence, type
@@ -341,10 +341,7 @@ class GradScaler {
   int64_t max_consecutive_skips_;
   int64_t consecutive_skips_ = 0;
 
-  // The Paddle facade unscales float16 gradients (Paddle's `_unscale`); this
-  // class refuses them, as PyTorch's.
-  friend class paddle::GradScaler;
-  bool unscale_fp16_ = false;
+  bool unscale_float16_;  // the option of that name
 
   FoundInfReducer found_inf_reducer_;
   std::unordered_map<const void*, std::string> parameter_names_;  // by TensorImpl
