@@ -26,6 +26,56 @@
 
 namespace torchamp {
 namespace optim {
+
+// What a fused optimizer keeps between steps so that its per-parameter
+// bookkeeping is a small constant: each parameter's state key (computed
+// once, not per step) and the state it last validated, checked again on
+// every step before anything is written (a new or replaced parameter, a
+// `load()`, a state entry or state tensor replaced by the user or by
+// LibTorch all show). Not the optimizer's state: `save`/`load` and
+// checkpoints are the base class's. A copy starts empty. It holds
+// references to the parameters and state tensors it last validated, so a
+// parameter removed or a state replaced stays allocated until the next step
+// (or the optimizer's end).
+class StepCache {
+ public:
+  StepCache();
+  ~StepCache();
+  StepCache(const StepCache& other);
+  StepCache& operator=(const StepCache& other);
+  struct Plan;
+  Plan& plan() const { return *plan_; }
+
+ private:
+  std::unique_ptr<Plan> plan_;
+};
+
+// The float32 master weights of a fused optimizer (its part of the state).
+class MasterWeights {
+ public:
+  explicit MasterWeights(bool on = false);
+  ~MasterWeights();
+  MasterWeights(const MasterWeights& other) = delete;
+  MasterWeights& operator=(const MasterWeights& other) = delete;
+  bool on() const { return on_; }
+  struct Store;
+  Store& store() const { return *store_; }
+
+ private:
+  bool on_;
+  std::unique_ptr<Store> store_;
+};
+
+struct detail::FusedState::Impl {
+  explicit Impl(bool master_weights) : masters(master_weights) {}
+  StepCache cache;
+  MasterWeights masters;
+};
+
+detail::FusedState::FusedState(bool master_weights)
+    : impl_(std::make_unique<Impl>(master_weights)) {}
+detail::FusedState::~FusedState() = default;
+
 namespace {
 
 bool dense_on(const at::Tensor& t, at::ScalarType dtype, c10::Device device) {
@@ -648,50 +698,13 @@ at::Tensor master_value(const MasterWeights& masters, const at::Tensor& param) {
 
 }  // namespace
 
-// What the three optimizers share beyond the step: the constructors with
-// FusedOptions, save/load with the master weights, master_weight.
-#define TORCHAMP_FUSED_OPTIMIZER_COMMON(NAME)                                      \
-  NAME::NAME(std::vector<torch::optim::OptimizerParamGroup> param_groups,          \
-             torch::optim::NAME##Options defaults, FusedOptions fused)             \
-      : torch::optim::NAME(std::move(param_groups), std::move(defaults)),          \
-        masters_(fused.master_weights()) {}                                        \
-  NAME::NAME(std::vector<at::Tensor> params, torch::optim::NAME##Options defaults, \
-             FusedOptions fused)                                                   \
-      : torch::optim::NAME(std::move(params), std::move(defaults)),                \
-        masters_(fused.master_weights()) {}                                        \
-  void NAME::save(torch::serialize::OutputArchive& archive) const {                \
-    torch::optim::NAME::save(archive);                                             \
-    save_masters(*this, masters_, archive);                                        \
-  }                                                                                \
-  void NAME::load(torch::serialize::InputArchive& archive) {                       \
-    auto loaded = read_masters(*this, masters_, archive);                          \
-    torch::optim::NAME::load(archive);                                             \
-    masters_.store().entries = std::move(loaded);                                  \
-    ++masters_.store().version;                                                    \
-    cache_ = StepCache();                                                          \
-  }                                                                                \
-  at::Tensor NAME::master_weight(const at::Tensor& param) const {                  \
-    return master_value(masters_, param);                                          \
-  }                                                                                \
-  at::Tensor NAME::master_weight_storage(const at::Tensor& param) const {          \
-    return master_storage(masters_, param);                                        \
-  }
-TORCHAMP_FUSED_OPTIMIZER_COMMON(SGD)
-TORCHAMP_FUSED_OPTIMIZER_COMMON(Adam)
-TORCHAMP_FUSED_OPTIMIZER_COMMON(AdamW)
-#undef TORCHAMP_FUSED_OPTIMIZER_COMMON
+namespace {
 
-at::Tensor SGD::step(LossClosure closure) {
-  return fused_or_base_step<SGD, torch::optim::SGD>(*this, std::move(closure));
-}
-
-bool SGD::supports_amp_scaling() const {
-  return prepare<torch::optim::SGDParamState>(*this, cache_.plan(), masters_, sgd_tensors);
-}
-
-void SGD::amp_step(const AmpStepArgs& args) {
-  StepCache::Plan& plan =
-      ready_plan<torch::optim::SGDParamState>(*this, cache_, masters_, sgd_tensors);
+// SGD's fused update (torchamp's kernels on the CPU, ATen's fused op on
+// CUDA), beside adam_fused.
+void sgd_fused(torch::optim::Optimizer& opt, const StepCache& cache, const MasterWeights& masters,
+               const AmpStepArgs& args) {
+  StepCache::Plan& plan = ready_plan<torch::optim::SGDParamState>(opt, cache, masters, sgd_tensors);
   if (args.found_inf) {  // as ATen's kernels with found_inf set: nothing changes
     return;
   }
@@ -699,7 +712,7 @@ void SGD::amp_step(const AmpStepArgs& args) {
   std::vector<kernels::SgdJob> jobs;
   jobs.reserve(plan.ready.size());
   std::map<BatchKey, SgdBatch> batches;
-  auto& groups = param_groups();
+  auto& groups = opt.param_groups();
   for (size_t j = 0; j < plan.ready.size(); ++j) {
     ReadyParam& r = plan.ready[j];
     prefetch_ready(plan, j + kPrefetchDistance);
@@ -712,7 +725,7 @@ void SGD::amp_step(const AmpStepArgs& args) {
       if (r.state == nullptr) {
         auto fresh = std::make_unique<torch::optim::SGDParamState>();
         r.state = fresh.get();
-        state_[c.key] = std::move(fresh);
+        opt.state()[c.key] = std::move(fresh);
       }
       auto& st = static_cast<torch::optim::SGDParamState&>(*r.state);
       if (!st.momentum_buffer().defined()) {
@@ -724,7 +737,7 @@ void SGD::amp_step(const AmpStepArgs& args) {
       buffer = st.momentum_buffer();
     }
     if (c.master && r.master_data == nullptr) {
-      r.master_data = make_master(masters_, c);
+      r.master_data = make_master(masters, c);
     }
     const at::Tensor& grad = *r.grad;
     if (!p.device().is_cpu()) {
@@ -767,33 +780,105 @@ void SGD::amp_step(const AmpStepArgs& args) {
   }
 }
 
-at::Tensor Adam::step(LossClosure closure) {
-  return fused_or_base_step<Adam, torch::optim::Adam>(*this, std::move(closure));
+// What differs between the three: the per-parameter state's type and
+// tensors, and the update.
+template <class Base>
+struct Update;
+
+template <>
+struct Update<torch::optim::SGD> {
+  using State = torch::optim::SGDParamState;
+  static StateTensors tensors(const State& s) { return sgd_tensors(s); }
+  static void step(torch::optim::Optimizer& opt, const detail::FusedState::Impl& f,
+                   const AmpStepArgs& args) {
+    sgd_fused(opt, f.cache, f.masters, args);
+  }
+};
+
+// Adam and AdamW: one update, with AdamW's weight decay decoupled.
+template <class Options, class ParamState, bool kDecoupled>
+struct AdamUpdate {
+  using State = ParamState;
+  static StateTensors tensors(const State& s) { return adam_tensors(s); }
+  static void step(torch::optim::Optimizer& opt, const detail::FusedState::Impl& f,
+                   const AmpStepArgs& args) {
+    adam_fused<Options, State>(opt, f.cache, f.masters, args, kDecoupled);
+  }
+};
+
+template <>
+struct Update<torch::optim::Adam>
+    : AdamUpdate<torch::optim::AdamOptions, torch::optim::AdamParamState, false> {};
+
+template <>
+struct Update<torch::optim::AdamW>
+    : AdamUpdate<torch::optim::AdamWOptions, torch::optim::AdamWParamState, true> {};
+
+}  // namespace
+
+template <class Base>
+Fused<Base>::Fused(std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults,
+                   FusedOptions fused)
+    : Base(std::move(param_groups), std::move(defaults)), fused_(fused.master_weights()) {}
+
+template <class Base>
+Fused<Base>::Fused(std::vector<at::Tensor> params, Options defaults, FusedOptions fused)
+    : Base(std::move(params), std::move(defaults)), fused_(fused.master_weights()) {}
+
+template <class Base>
+Fused<Base>::~Fused() = default;
+
+template <class Base>
+at::Tensor Fused<Base>::step(torch::optim::Optimizer::LossClosure closure) {
+  return fused_or_base_step<Fused, Base>(*this, std::move(closure));
 }
 
-bool Adam::supports_amp_scaling() const {
-  return prepare<torch::optim::AdamParamState>(*this, cache_.plan(), masters_,
-                                               adam_tensors<torch::optim::AdamParamState>);
+template <class Base>
+bool Fused<Base>::supports_amp_scaling() const {
+  const auto& f = fused_.impl();
+  return prepare<typename Update<Base>::State>(*this, f.cache.plan(), f.masters,
+                                               Update<Base>::tensors);
 }
 
-void Adam::amp_step(const AmpStepArgs& args) {
-  adam_fused<torch::optim::AdamOptions, torch::optim::AdamParamState>(*this, cache_, masters_, args,
-                                                                      false);
+template <class Base>
+void Fused<Base>::amp_step(const AmpStepArgs& args) {
+  Update<Base>::step(*this, fused_.impl(), args);
 }
 
-at::Tensor AdamW::step(LossClosure closure) {
-  return fused_or_base_step<AdamW, torch::optim::AdamW>(*this, std::move(closure));
+template <class Base>
+void Fused<Base>::save(torch::serialize::OutputArchive& archive) const {
+  Base::save(archive);
+  save_masters(*this, fused_.impl().masters, archive);
 }
 
-bool AdamW::supports_amp_scaling() const {
-  return prepare<torch::optim::AdamWParamState>(*this, cache_.plan(), masters_,
-                                                adam_tensors<torch::optim::AdamWParamState>);
+template <class Base>
+void Fused<Base>::load(torch::serialize::InputArchive& archive) {
+  auto& f = fused_.impl();
+  auto loaded = read_masters(*this, f.masters, archive);
+  Base::load(archive);
+  f.masters.store().entries = std::move(loaded);
+  ++f.masters.store().version;
+  f.cache = StepCache();
 }
 
-void AdamW::amp_step(const AmpStepArgs& args) {
-  adam_fused<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(*this, cache_, masters_,
-                                                                        args, true);
+template <class Base>
+FusedOptions Fused<Base>::fused_options() const {
+  return FusedOptions().master_weights(fused_.impl().masters.on());
 }
+
+template <class Base>
+at::Tensor Fused<Base>::master_weight(const at::Tensor& param) const {
+  return master_value(fused_.impl().masters, param);
+}
+
+template <class Base>
+at::Tensor Fused<Base>::master_weight_storage(const at::Tensor& param) const {
+  return master_storage(fused_.impl().masters, param);
+}
+
+template class Fused<torch::optim::SGD>;
+template class Fused<torch::optim::Adam>;
+template class Fused<torch::optim::AdamW>;
 
 }  // namespace optim
 }  // namespace torchamp
