@@ -9,6 +9,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,18 @@ Options read_options(const std::string& path);
 /// The first key whose value differs between the two (or that one lacks), as
 /// "key: a vs b"; empty when they are equal.
 std::string first_difference(const Options& a, const Options& b);
+
+/// The entry of `all` whose `name` is `name`; throws std::invalid_argument
+/// "unknown <what> '<name>'" otherwise.
+template <class T>
+const T& find_named(const std::vector<T>& all, const std::string& name, const char* what) {
+  for (const auto& entry : all) {
+    if (entry.name == name) {
+      return entry;
+    }
+  }
+  throw std::invalid_argument(std::string("unknown ") + what + " '" + name + "'");
+}
 
 /// Whether gnuplot is on PATH, and running a script with it (true on success).
 bool have_gnuplot();

@@ -236,12 +236,7 @@ bool mode_available(const Mode& mode) {
 }
 
 const Mode& find_mode(const std::string& name) {
-  for (const auto& m : known_modes()) {
-    if (m.name == name) {
-      return m;
-    }
-  }
-  throw std::invalid_argument("unknown mode '" + name + "'");
+  return torchamp_apps::find_named(known_modes(), name, "mode");
 }
 
 std::vector<std::string> default_modes() {

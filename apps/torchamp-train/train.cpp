@@ -215,12 +215,7 @@ const std::vector<Task>& tasks() {
 }
 
 const Task& find_task(const std::string& name) {
-  for (const auto& t : tasks()) {
-    if (t.name == name) {
-      return t;
-    }
-  }
-  throw std::invalid_argument("unknown task '" + name + "'");
+  return torchamp_apps::find_named(tasks(), name, "task");
 }
 
 std::map<std::string, std::string> Config::to_map() const {
@@ -373,12 +368,7 @@ const std::vector<Mode>& modes() {
 }
 
 const Mode& find_mode(const std::string& name) {
-  for (const auto& m : modes()) {
-    if (m.name == name) {
-      return m;
-    }
-  }
-  throw std::invalid_argument("unknown mode '" + name + "'");
+  return torchamp_apps::find_named(modes(), name, "mode");
 }
 
 namespace {
