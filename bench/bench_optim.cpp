@@ -43,7 +43,7 @@
 #include <torchamp/optim.h>
 
 #include "bench_util.h"
-#include "compat.h"           // TORCHAMP_ATEN_FUSED_OPTIMIZERS
+#include "compat/compat.h"    // TORCHAMP_ATEN_FUSED_OPTIMIZERS
 #include "kernels/kernels.h"  // TORCHAMP_TARGET_CLONES, as the kernels; cap_isa
 
 #include <ATen/Parallel.h>

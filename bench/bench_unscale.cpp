@@ -26,7 +26,7 @@
 #include <torchamp/grad_scaler.h>
 
 #include "bench_util.h"
-#include "compat.h"
+#include "compat/compat.h"
 #include "kernels/kernels.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>

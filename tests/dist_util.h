@@ -1,7 +1,7 @@
 #pragma once
 
 // Starting the ranks of a distributed test scenario as real processes
-// (TORCHAMP_DIST_WORKER: tests/tools/dist_worker) and reading what each one
+// (TORCHAMP_DIST_WORKER: tests/integration/tools/dist_worker) and reading what each one
 // wrote.
 
 #include <gtest/gtest.h>

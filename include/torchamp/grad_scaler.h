@@ -303,7 +303,7 @@ class GradScaler {
     float clip_coef = 1.0f;  // folded into the scale amp_step divides by (clip_grad_norm_)
   };
 
-  // Each optimizer's gradient list, kept between steps (src/grad_cache.h).
+  // Each optimizer's gradient list, kept between steps (src/scaler/grad_cache.h).
   // Only an accelerator: a copy of the scaler starts with none.
   class GradCaches {
    public:

@@ -7,7 +7,7 @@
 // The checks and messages are PyTorch 2.3's CPU kernels' (aten/src/ATen/native/
 // AmpKernels.cpp); the arithmetic is torchamp's kernels and ScaleSchedule.
 
-#include "../compat.h"
+#include "compat/compat.h"
 
 #if !TORCHAMP_TORCH_AT_LEAST(2, 3)
 

@@ -8,6 +8,7 @@
 // vectorises to one instruction per vector (vpmaxud / vpmaxuw).
 
 #include "kernels.h"
+#include "x86_vec.h"
 
 #include "bf16.h"
 
@@ -17,10 +18,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#endif
 
 namespace torchamp {
 namespace kernels {
@@ -148,7 +145,7 @@ bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
 // ran at 0.55 of the plain multiply loop until it asked for the line 8 KB
 // ahead as the pairs loop does: 1.18 (Xeon with AVX512_BF16, bench_unscale
 // --interleaved, 2026-12-02).
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef TORCHAMP_X86_VECTORS
 #define TORCHAMP_X86_AVX512 1  // the AVX-512 loops below exist
 
 // GCC 12's AVX-512 intrinsics start some vectors from _mm512_undefined_*(),
@@ -158,19 +155,6 @@ bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-#define TORCHAMP_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
-
-// c10::BFloat16's rounding of 16 floats: (b + 0x7fff + ((b >> 16) & 1)) >> 16,
-// NaN -> 0x7FC0.
-TORCHAMP_AVX512_BF16 inline __m256i round_bf16_exact(__m512 v) {
-  const __m512i vb = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(vb, 16), _mm512_set1_epi32(1));
-  __m512i r =
-      _mm512_srli_epi32(_mm512_add_epi32(vb, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
-  return _mm512_cvtepi32_epi16(r);
-}
-
 TORCHAMP_AVX512_BF16 bool unscale_span_avx512_bf16(uint16_t* p, int64_t n, float inv) {
   const __m512 vinv = _mm512_set1_ps(inv);
   const __m512i abs_mask = _mm512_set1_epi16(0x7fff);
@@ -196,8 +180,7 @@ TORCHAMP_AVX512_BF16 bool unscale_span_avx512_bf16(uint16_t* p, int64_t n, float
       const __m512bh r = _mm512_cvtne2ps_pbh(hi, lo);  // lo -> the lower 16
       std::memcpy(&out, &r, sizeof out);
     } else {
-      out =
-          _mm512_inserti64x4(_mm512_castsi256_si512(round_bf16_exact(lo)), round_bf16_exact(hi), 1);
+      out = _mm512_inserti64x4(_mm512_castsi256_si512(round_bf16(lo)), round_bf16(hi), 1);
     }
     _mm512_mask_storeu_epi16(p + i, live, out);
   }

@@ -1,0 +1,305 @@
+// torchamp::DistributedDataParallel: what Python's DistributedDataParallel
+// (torch/nn/parallel/distributed.py) does around c10d's Reducer, in C++. The
+// Reducer does the work (buckets, autograd hooks, all-reduce during backward,
+// unused-parameter search, copying the result back); this file builds its
+// arguments the way Python does and calls it at the points Python does.
+#include <torchamp/data_parallel.h>
+
+#include "compat/compat.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <unordered_set>
+
+namespace torchamp {
+
+namespace detail {
+void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
+  if (v.isTensor()) {
+    collect_tensors(v.toTensor(), out);
+  } else if (v.isTensorList()) {
+    collect_tensors(v.toTensorVector(), out);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      collect_tensors(e, out);
+    }
+  } else if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      collect_tensors(e, out);
+    }
+  } else if (v.isGenericDict()) {
+    for (const auto& e : v.toGenericDict()) {
+      collect_tensors(e.value(), out);
+    }
+  }
+}
+}  // namespace detail
+
+namespace {
+
+constexpr int64_t kMiB = 1024 * 1024;
+// Python's defaults: dist._DEFAULT_FIRST_BUCKET_BYTES, _DEFAULT_BUCKET_CAP_MB
+// and DDP's broadcast_bucket_size.
+constexpr int64_t kFirstBucketBytes = 1 * kMiB;
+constexpr double kDefaultBucketCapMb = 25;
+constexpr size_t kBroadcastBucketBytes = 250 * kMiB;
+
+// The all-reduce of one bucket, as a communication hook (the Reducer calls
+// it when the bucket is full). Two reasons to be one rather than the
+// Reducer's built-in all-reduce:
+//  - summing (average_gradients false): the built-in always averages;
+//  - a failed all-reduce (a rank died, the group timed out) comes out of
+//    backward() naming the collective, the bucket and this rank.
+// Averaging here is the built-in's own arithmetic: the Reducer copies each
+// gradient into the bucket (it divides while copying only without a hook),
+// and this multiplies by the same wrapped 1/world scalar before the SUM.
+// That holds for dense gradients copied into the bucket; sparse gradients
+// and gradient_as_bucket_view (where the built-in divides in place instead)
+// keep the built-in when averaging, so their values stay Python's too.
+class BucketAllReduce final : public c10d::CommHookInterface {
+ public:
+  BucketAllReduce(c10::intrusive_ptr<c10d::ProcessGroup> group, bool average)
+      : group_(std::move(group)), average_(average) {}
+
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    at::Tensor& buffer = bucket.getBufferRef();
+    if (average_) {
+      const double inverse = 1.0 / static_cast<double>(group_->getSize());
+      at::Tensor wrapped = at::scalar_tensor(inverse, at::kDouble);
+      wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
+      at::mul_out(buffer, buffer, wrapped);
+    }
+    std::vector<at::Tensor> tensors = {buffer};
+    const size_t index = bucket.getIndex();
+    const int rank = group_->getRank(), world = group_->getSize();
+    auto future = group_->allreduce(tensors)->getFuture();
+    return future->then(
+        [index, rank, world](c10::ivalue::Future& done) -> c10::IValue {
+          try {
+            return done.value();
+          } catch (const std::exception& e) {
+            const auto* c = dynamic_cast<const c10::Error*>(&e);
+            TORCH_CHECK(false,
+                        "torchamp::DistributedDataParallel: the all-reduce of gradient "
+                        "bucket ",
+                        index, " over the process group failed on rank ", rank, " of ", world,
+                        " (another rank died, or did not arrive within the group's timeout): ",
+                        c != nullptr ? c->what_without_backtrace() : e.what());
+          }
+        },
+        future->elementType());
+  }
+
+  at::Tensor parseHookResult(const c10::IValue& result) override {
+    // What ProcessGroup::allreduce's future holds: the list of its tensors.
+    return result.isTensor() ? result.toTensor() : result.toTensorVector().front();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  bool average_;
+};
+
+// Python's _build_params_for_reducer: each module depth first, its own
+// parameters that require gradients, each parameter once; whether its module
+// makes sparse gradients (Embedding and EmbeddingBag with sparse).
+void reducer_parameters(torch::nn::Module& root, std::vector<at::Tensor>& params,
+                        std::vector<bool>& sparse, std::unordered_map<size_t, std::string>& names) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
+    const torch::nn::Module& m = *item.value();
+    bool module_sparse = false;
+    if (const auto* e = dynamic_cast<const torch::nn::EmbeddingImpl*>(&m)) {
+      module_sparse = e->options.sparse();
+    } else if (const auto* b = dynamic_cast<const torch::nn::EmbeddingBagImpl*>(&m)) {
+      module_sparse = b->options.sparse();
+    }
+    for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+      if (!p.value().requires_grad() || !seen.insert(p.value().unsafeGetTensorImpl()).second) {
+        continue;
+      }
+      names[params.size()] = item.key().empty() ? p.key() : item.key() + "." + p.key();
+      params.push_back(p.value());
+      sparse.push_back(module_sparse);
+    }
+  }
+}
+
+}  // namespace
+
+struct DistributedDataParallel::Impl {
+  std::shared_ptr<torch::nn::Module> module;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  DistributedDataParallelOptions options;
+  std::vector<at::Tensor> params;
+  std::shared_ptr<c10d::Reducer> reducer;
+  bool require_backward_grad_sync = true;
+  bool require_forward_param_sync = true;
+};
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 c10::intrusive_ptr<c10d::ProcessGroup> group,
+                                                 DistributedDataParallelOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  TORCH_CHECK_VALUE(module != nullptr, "DistributedDataParallel: the module is null");
+  TORCH_CHECK_VALUE(group, "DistributedDataParallel: the process group is null");
+  const auto cap_mb = options.bucket_cap_mb();
+  TORCH_CHECK_VALUE(!cap_mb || *cap_mb > 0,
+                    "DistributedDataParallel: bucket_cap_mb must be "
+                    "positive, got ",
+                    cap_mb.value_or(0));
+  Impl& d = *impl_;
+  d.module = std::move(module);
+  d.group = std::move(group);
+  d.options = options;
+  std::vector<bool> sparse;
+  std::unordered_map<size_t, std::string> names;
+  reducer_parameters(*d.module, d.params, sparse, names);
+  TORCH_CHECK(!d.params.empty(),
+              "DistributedDataParallel is not needed when a module doesn't have any parameter "
+              "that requires a gradient.");
+
+  // Python's _verify_param_shape_across_processes and _sync_module_states.
+  c10d::verify_params_across_processes(d.group, d.params, {});
+  {
+    std::vector<at::Tensor> states;
+    for (const auto& p : d.module->parameters()) {
+      states.push_back(p.detach());
+    }
+    if (options.broadcast_buffers()) {
+      for (const auto& b : d.module->buffers()) {
+        states.push_back(b.detach());
+      }
+    }
+    c10d::broadcast_coalesced(d.group, states, kBroadcastBucketBytes, 0);
+  }
+
+  // Python's _BucketCapacityConfig and _ddp_init_helper: without
+  // find_unused_parameters, one bucket for the first iteration, rebuilt from
+  // the order gradients arrived in; buckets reversed (reduced last first).
+  const int64_t bucket_bytes =
+      static_cast<int64_t>(cap_mb.value_or(kDefaultBucketCapMb) * static_cast<double>(kMiB));
+  const int64_t first_bucket_bytes = cap_mb ? bucket_bytes : kFirstBucketBytes;
+  std::vector<size_t> limits;
+  if (!options.find_unused_parameters()) {
+    limits = {static_cast<size_t>(std::numeric_limits<int64_t>::max())};
+  } else if (first_bucket_bytes < bucket_bytes) {
+    limits = {static_cast<size_t>(first_bucket_bytes), static_cast<size_t>(bucket_bytes)};
+  } else {
+    limits = {static_cast<size_t>(bucket_bytes)};
+  }
+  auto [buckets, bucket_limits] = c10d::compute_bucket_assignment_by_size(d.params, limits, sparse);
+  std::reverse(buckets.begin(), buckets.end());
+  std::reverse(bucket_limits.begin(), bucket_limits.end());
+  d.reducer = compat::make_reducer<c10d::Reducer>(
+      d.params, std::move(buckets), std::move(bucket_limits), d.group, sparse, bucket_bytes,
+      options.find_unused_parameters(), options.gradient_as_bucket_view(), std::move(names),
+      first_bucket_bytes);
+  const bool any_sparse = std::find(sparse.begin(), sparse.end(), true) != sparse.end();
+  if (!options.average_gradients() || (!any_sparse && !options.gradient_as_bucket_view())) {
+    d.reducer->register_comm_hook(
+        std::make_unique<BucketAllReduce>(d.group, options.average_gradients()));
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+DistributedDataParallel::DistributedDataParallel(DistributedDataParallel&&) noexcept = default;
+DistributedDataParallel& DistributedDataParallel::operator=(DistributedDataParallel&&) noexcept =
+    default;
+
+void DistributedDataParallel::pre_forward_() {
+  Impl& d = *impl_;
+  const bool grad = at::GradMode::is_enabled();
+  if (grad && d.require_backward_grad_sync) {
+    d.reducer->prepare_for_forward();
+  }
+  // Once, after the first iteration: buckets in the order gradients came.
+  if (grad) {
+    d.reducer->rebuild_buckets();
+  }
+  if (d.require_forward_param_sync && d.options.broadcast_buffers()) {
+    std::vector<at::Tensor> buffers = d.module->buffers();
+    if (!buffers.empty()) {
+      torch::NoGradGuard no_grad;
+      for (auto& b : buffers) {
+        b = b.detach();
+      }
+      c10d::broadcast_coalesced(d.group, buffers, kBroadcastBucketBytes, 0);
+    }
+  }
+}
+
+bool DistributedDataParallel::wants_outputs_() const {
+  return impl_->options.find_unused_parameters() && impl_->require_backward_grad_sync &&
+         at::GradMode::is_enabled();
+}
+
+void DistributedDataParallel::post_forward_(const std::vector<at::Tensor>& outputs) {
+  Impl& d = *impl_;
+  if (at::GradMode::is_enabled() && d.require_backward_grad_sync) {
+    d.require_forward_param_sync = true;
+    d.reducer->prepare_for_backward(d.options.find_unused_parameters() ? outputs
+                                                                       : std::vector<at::Tensor>{});
+  } else {
+    d.require_forward_param_sync = false;
+  }
+}
+
+DistributedDataParallel::NoSync DistributedDataParallel::no_sync() {
+  const bool previous = impl_->require_backward_grad_sync;
+  impl_->require_backward_grad_sync = false;
+  return NoSync(&impl_->require_backward_grad_sync, previous);
+}
+
+DistributedDataParallel::NoSync::NoSync(NoSync&& other) noexcept
+    : flag_(std::exchange(other.flag_, nullptr)), previous_(other.previous_) {}
+
+DistributedDataParallel::NoSync::~NoSync() {
+  if (flag_ != nullptr) {
+    *flag_ = previous_;
+  }
+}
+
+bool DistributedDataParallel::require_backward_grad_sync() const {
+  return impl_->require_backward_grad_sync;
+}
+const std::shared_ptr<torch::nn::Module>& DistributedDataParallel::module() const {
+  return impl_->module;
+}
+const c10::intrusive_ptr<c10d::ProcessGroup>& DistributedDataParallel::process_group() const {
+  return impl_->group;
+}
+const DistributedDataParallelOptions& DistributedDataParallel::options() const {
+  return impl_->options;
+}
+const std::vector<at::Tensor>& DistributedDataParallel::parameters() const {
+  return impl_->params;
+}
+
+std::vector<std::vector<size_t>> DistributedDataParallel::bucket_indices() const {
+  std::unordered_map<const c10::TensorImpl*, size_t> index;
+  for (size_t i = 0; i < impl_->params.size(); ++i) {
+    index[impl_->params[i].unsafeGetTensorImpl()] = i;
+  }
+  std::vector<std::vector<size_t>> out;
+  for (const auto& bucket : impl_->reducer->get_grad_buckets(/*return_zero_tensors=*/true)) {
+    out.emplace_back();
+    for (const auto& p : bucket.getParameters()) {
+      out.back().push_back(index.at(p.unsafeGetTensorImpl()));
+    }
+  }
+  return out;
+}
+
+}  // namespace torchamp

@@ -1,0 +1,139 @@
+// The fused optimizers: one template, Fused<Base>, over LibTorch's SGD, Adam
+// and AdamW (torchamp/optim.h), instantiated here for the three.
+
+#include <torchamp/optim.h>
+
+#include "optim/updates.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <memory>
+#include <utility>
+
+namespace torchamp {
+namespace optim {
+
+struct detail::FusedState::Impl {
+  explicit Impl(bool master_weights) : masters(master_weights) {}
+  StepCache cache;
+  MasterWeights masters;
+};
+
+detail::FusedState::FusedState(bool master_weights)
+    : impl_(std::make_unique<Impl>(master_weights)) {}
+detail::FusedState::~FusedState() = default;
+
+namespace {
+
+// As the base classes' step: the closure (if any) runs with grad mode on, the
+// update without.
+template <class Self, class Base>
+at::Tensor fused_or_base_step(Self& self, torch::optim::Optimizer::LossClosure closure) {
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  if (self.supports_amp_scaling()) {
+    self.amp_step(AmpStepArgs());
+  } else {
+    self.Base::step(nullptr);
+  }
+  return loss;
+}
+
+// What differs between the three: the per-parameter state's type and
+// tensors (for the step's walk), and the update.
+template <class Base, class ParamState,
+          void (*kUpdate)(Base&, const StepCache&, const MasterWeights&, const AmpStepArgs&),
+          StateTensors (*kTensors)(const ParamState&)>
+struct UpdateOf {
+  using State = ParamState;
+  static StateTensors tensors(const State& s) { return kTensors(s); }
+  static void step(Base& opt, const detail::FusedState::Impl& f, const AmpStepArgs& args) {
+    kUpdate(opt, f.cache, f.masters, args);
+  }
+};
+
+template <class Base>
+struct Update;
+template <>
+struct Update<torch::optim::SGD>
+    : UpdateOf<torch::optim::SGD, torch::optim::SGDParamState, sgd_update, sgd_tensors> {};
+template <>
+struct Update<torch::optim::Adam>
+    : UpdateOf<torch::optim::Adam, torch::optim::AdamParamState, adam_update,
+               adam_tensors<torch::optim::AdamParamState>> {};
+template <>
+struct Update<torch::optim::AdamW>
+    : UpdateOf<torch::optim::AdamW, torch::optim::AdamWParamState, adamw_update,
+               adam_tensors<torch::optim::AdamWParamState>> {};
+
+}  // namespace
+
+template <class Base>
+Fused<Base>::Fused(std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults,
+                   FusedOptions fused)
+    : Base(std::move(param_groups), std::move(defaults)), fused_(fused.master_weights()) {}
+
+template <class Base>
+Fused<Base>::Fused(std::vector<at::Tensor> params, Options defaults, FusedOptions fused)
+    : Base(std::move(params), std::move(defaults)), fused_(fused.master_weights()) {}
+
+template <class Base>
+Fused<Base>::~Fused() = default;
+
+template <class Base>
+at::Tensor Fused<Base>::step(torch::optim::Optimizer::LossClosure closure) {
+  return fused_or_base_step<Fused, Base>(*this, std::move(closure));
+}
+
+template <class Base>
+bool Fused<Base>::supports_amp_scaling() const {
+  const auto& f = fused_.impl();
+  return prepare<typename Update<Base>::State>(*this, f.cache.plan(), f.masters,
+                                               Update<Base>::tensors);
+}
+
+template <class Base>
+void Fused<Base>::amp_step(const AmpStepArgs& args) {
+  Update<Base>::step(*this, fused_.impl(), args);
+}
+
+template <class Base>
+void Fused<Base>::save(torch::serialize::OutputArchive& archive) const {
+  Base::save(archive);
+  save_masters(*this, fused_.impl().masters, archive);
+}
+
+template <class Base>
+void Fused<Base>::load(torch::serialize::InputArchive& archive) {
+  auto& f = fused_.impl();
+  auto loaded = read_masters(*this, f.masters, archive);
+  Base::load(archive);
+  f.masters.store().entries = std::move(loaded);
+  ++f.masters.store().version;
+  f.cache = StepCache();
+}
+
+template <class Base>
+FusedOptions Fused<Base>::fused_options() const {
+  return FusedOptions().master_weights(fused_.impl().masters.on());
+}
+
+template <class Base>
+at::Tensor Fused<Base>::master_weight(const at::Tensor& param) const {
+  return master_value(fused_.impl().masters, param);
+}
+
+template <class Base>
+at::Tensor Fused<Base>::master_weight_storage(const at::Tensor& param) const {
+  return master_storage(fused_.impl().masters, param);
+}
+
+template class Fused<torch::optim::SGD>;
+template class Fused<torch::optim::Adam>;
+template class Fused<torch::optim::AdamW>;
+
+}  // namespace optim
+}  // namespace torchamp

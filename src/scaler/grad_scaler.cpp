@@ -1,0 +1,396 @@
+// GradScaler's stage machine: per optimizer ready -> unscaled -> stepped,
+// the skip decision and the hand-over to an optimizer that unscales in its
+// own step. The gradient cache is grad_cache.cpp, the general per-device
+// unscale unscale.cpp, the state dict grad_scaler_state.cpp.
+
+#include <torchamp/grad_scaler.h>
+
+#include "scaler/grad_cache.h"
+#include "scaler/unscale.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+namespace torchamp {
+
+GradScaler::GradScaler(GradScalerOptions options)
+    : schedule_(options.init_scale(), options.growth_factor(), options.backoff_factor(),
+                options.growth_interval(), options.backoff_interval(), options.dynamic(),
+                options.min_scale()),
+      init_scale_(options.init_scale()),
+      enabled_(options.enabled()),
+      max_consecutive_skips_(options.max_consecutive_skips()),
+      unscale_float16_(options.unscale_float16()) {
+  ScaleSchedule::check_tracker(options.max_consecutive_skips(), "max_consecutive_skips");
+}
+
+GradScalerOptions GradScaler::options() const {
+  return GradScalerOptions()
+      .init_scale(init_scale_)
+      .growth_factor(schedule_.growth_factor())
+      .backoff_factor(schedule_.backoff_factor())
+      .growth_interval(schedule_.growth_interval())
+      .backoff_interval(schedule_.backoff_interval())
+      .dynamic(schedule_.dynamic())
+      .enabled(enabled_)
+      .min_scale(schedule_.min_scale())
+      .max_consecutive_skips(max_consecutive_skips_)
+      .unscale_float16(unscale_float16_);
+}
+
+at::Tensor GradScaler::scale(const at::Tensor& output) {
+  TORCH_CHECK_VALUE(output.defined(), "GradScaler::scale: the output tensor is undefined");
+  if (!is_enabled()) {
+    return output;
+  }
+  // Python multiplies by its 0-dim float32 scale tensor. A 0-dim CPU tensor
+  // does the same on any device (ATen reads it as a scalar, in float32 for
+  // reduced-precision outputs); a C++ Scalar would round the scale to a
+  // bfloat16/float16 output's dtype first.
+  return output.mul(at::scalar_tensor(schedule_.scale(), at::TensorOptions().dtype(at::kFloat)));
+}
+
+std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TORCH_CHECK_VALUE(outputs[i].defined(), "GradScaler::scale: outputs[", i, "] is undefined");
+  }
+  std::vector<at::Tensor> scaled;
+  scaled.reserve(outputs.size());
+  for (const auto& output : outputs) {
+    scaled.push_back(scale(output));
+  }
+  return scaled;
+}
+
+namespace {
+
+// PyTorch: inv_scale = scale.double().reciprocal().float()
+float inverse(float scale) {
+  return static_cast<float>(1.0 / static_cast<double>(scale));
+}
+
+}  // namespace
+
+NonFiniteGradient GradScaler::named_(size_t group, size_t index, const at::Tensor& param) const {
+  auto name = parameter_names_.find(param.unsafeGetTensorImpl());
+  return {group, index, name == parameter_names_.end() ? std::string() : name->second};
+}
+
+void GradScaler::record_(const torch::optim::Optimizer& optimizer, OptimizerState& state,
+                         std::optional<bool> agreed, std::vector<NonFiniteGradient> report) {
+  state.checked = true;
+  state.found_inf = agreed ? *agreed : !report.empty();
+  last_non_finite_[&optimizer] = std::move(report);
+}
+
+bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state,
+                                bool unscale, double* sum_squares) {
+  TORCH_INTERNAL_ASSERT(sum_squares == nullptr || !unscale);
+  const std::optional<float> inv_scale =
+      unscale ? std::optional<float>(inverse(schedule_.scale())) : std::nullopt;
+  // float16 gradients: checked for an optimizer that takes the scale (Python's
+  // allow_fp16 on the fused path), unscaled only with the option on.
+  const bool allow_fp16 = !unscale || unscale_float16_;
+  // With a reducer, ranks agree first (a read-only pass, then one collective),
+  // so a failed collective leaves every gradient and stage as it was.
+  std::optional<bool> agreed;
+  detail::GradCache& cache = grad_caches_.map().caches[&optimizer];
+  if (!detail::refresh_cache(cache, optimizer)) {
+    cache = detail::build_cache(optimizer);
+  }
+  // Every gradient a dense, contiguous CPU tensor: nothing can throw.
+  if (cache.valid && (allow_fp16 || !cache.has_half)) {
+    bool any = false;
+    bool checked = false;  // the flags are this step's
+    if (sum_squares != nullptr) {
+      any = cache.spans.check_sum_squares(sum_squares);
+      checked = true;
+    }
+    if (found_inf_reducer_) {
+      if (!checked) {
+        any = cache.spans.run(/*write=*/false, 1.0f);
+        checked = true;
+      }
+      agreed = found_inf_reducer_(any, c10::Device(c10::kCPU));
+    }
+    if (cache.grads == 0) {
+      return false;
+    }
+    const bool write = inv_scale.has_value() && *inv_scale != 1.0f;
+    if (write || !checked) {  // a check pass already gave the flags when nothing is written
+      any = cache.spans.run(write, inv_scale.value_or(1.0f));
+    }
+    std::vector<NonFiniteGradient> report;
+    for (size_t s = 0; any && s < cache.spans.size(); ++s) {
+      if (cache.spans.found(s)) {
+        const detail::GradCache::Entry& e = cache.entries[cache.span_of[s]];
+        report.push_back(
+            named_(e.group, e.index, optimizer.param_groups()[e.group].params()[e.index]));
+      }
+    }
+    record_(optimizer, state, agreed, std::move(report));
+    return true;
+  }
+
+  const std::vector<detail::GradRef> grads =
+      detail::checked_grads(optimizer, allow_fp16);  // throws before any change
+  at::NoGradGuard no_grad;
+  detail::Buckets buckets = detail::bucket_grads(grads);
+  if (found_inf_reducer_) {
+    const bool local = detail::any_of(detail::unscale_buckets(buckets, grads.size(), std::nullopt));
+    agreed = found_inf_reducer_(
+        local, grads.empty() ? c10::Device(c10::kCPU) : grads.front().param.grad().device());
+  }
+  if (grads.empty()) {
+    return false;
+  }
+  const std::vector<uint8_t> found = detail::unscale_buckets(buckets, grads.size(), inv_scale);
+  if (sum_squares != nullptr) {
+    *sum_squares = detail::sum_squares(grads);
+  }
+  std::vector<NonFiniteGradient> report;
+  for (size_t r = 0; r < grads.size(); ++r) {
+    if (found[r] != 0) {
+      report.push_back(named_(grads[r].group, grads[r].index, grads[r].param));
+    }
+  }
+  record_(optimizer, state, agreed, std::move(report));
+  return true;
+}
+
+std::vector<NonFiniteGradient> GradScaler::non_finite_gradients(
+    const torch::optim::Optimizer& optimizer) const {
+  auto it = last_non_finite_.find(&optimizer);
+  return it == last_non_finite_.end() ? std::vector<NonFiniteGradient>() : it->second;
+}
+
+void GradScaler::register_parameter_name(const std::string& name, const at::Tensor& parameter) {
+  TORCH_CHECK_VALUE(parameter.defined(), "register_parameter_name: the parameter '", name,
+                    "' is undefined");
+  parameter_names_[parameter.unsafeGetTensorImpl()] = name;
+}
+
+std::string GradScaler::describe_non_finite(const torch::optim::Optimizer& optimizer) const {
+  const auto list = non_finite_gradients(optimizer);
+  if (list.empty()) {
+    return "none on this rank (another rank's, agreed over the process group)";
+  }
+  std::string out;
+  for (size_t i = 0; i < list.size() && i < 10; ++i) {
+    out += (i ? ", " : "") + detail::param_name(list[i].group, list[i].index);
+    if (!list[i].name.empty()) {
+      out += " '" + list[i].name + "'";
+    }
+  }
+  if (list.size() > 10) {
+    out += " and " + std::to_string(list.size() - 10) + " more";
+  }
+  return out;
+}
+
+void GradScaler::check_ready_for_unscale_(const torch::optim::Optimizer& optimizer) const {
+  auto it = per_optimizer_.find(&optimizer);
+  if (it != per_optimizer_.end()) {
+    TORCH_CHECK(it->second.stage != Stage::kUnscaled,
+                "unscale_() has already been called on this optimizer since the last update().");
+    TORCH_CHECK(it->second.stage != Stage::kStepped, "unscale_() is being called after step().");
+  }
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!is_enabled()) {
+    return;
+  }
+  check_ready_for_unscale_(optimizer);
+  OptimizerState state;
+  unscale_grads_(optimizer, state, /*unscale=*/true);  // no state is stored if this throws
+  state.stage = Stage::kUnscaled;
+  per_optimizer_[&optimizer] = std::move(state);
+}
+
+std::optional<at::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer) {
+  if (!is_enabled()) {
+    return optimizer.step();
+  }
+  auto it = per_optimizer_.find(&optimizer);
+  // Python's _step_supports_amp_scaling: the optimizer takes the scale.
+  auto* amp = dynamic_cast<StepSupportsAmpScaling*>(&optimizer);
+  if (amp != nullptr && !amp->supports_amp_scaling()) {
+    amp = nullptr;
+  }
+  if (it == per_optimizer_.end()) {  // ready: unscale here, or only check for amp_step
+    OptimizerState state;
+    state.deferred = amp != nullptr;
+    TORCH_CHECK(unscale_grads_(optimizer, state, /*unscale=*/!state.deferred),
+                "No inf checks were recorded for this optimizer.");
+    state.stage = Stage::kUnscaled;
+    it = per_optimizer_.emplace(&optimizer, std::move(state)).first;
+  }
+  OptimizerState& state = it->second;
+  TORCH_CHECK(state.stage != Stage::kStepped,
+              "step() has already been called since the last update().");
+  TORCH_CHECK(state.checked, "No inf checks were recorded for this optimizer.");
+  const int64_t max_skips = max_consecutive_skips_;
+  TORCH_CHECK(!state.found_inf || max_skips == 0 || consecutive_skips_ + 1 < max_skips,
+              "GradScaler: ", consecutive_skips_ + 1,
+              " steps in a row were skipped because gradients held inf/NaN "
+              "(max_consecutive_skips = ",
+              max_skips, "); training is not progressing. Current scale: ", schedule_.scale(),
+              " (min_scale ", schedule_.min_scale(),
+              "). Non-finite gradients in this step: ", describe_non_finite(optimizer),
+              ". Look for a NaN in the data or the loss, a learning rate that diverged, or a "
+              "float16 overflow in the forward pass.");
+  std::optional<at::Tensor> result;
+  if (amp != nullptr) {  // Python hands a fused optimizer the flag too: it changes nothing then
+    AmpStepArgs args;
+    // A clip coefficient (clip_grad_norm_) divides the scale: g / (s / c) = (g / s) * c.
+    args.grad_scale =
+        state.deferred ? std::optional<float>(schedule_.scale() / state.clip_coef) : std::nullopt;
+    args.found_inf = state.found_inf;
+    amp->amp_step(args);
+    if (!state.found_inf) {
+      result = at::Tensor();
+    }
+  } else if (!state.found_inf) {
+    result = optimizer.step();
+  }
+  if (state.found_inf) {
+    ++consecutive_skips_;
+  }
+  state.stage = Stage::kStepped;
+  return result;
+}
+
+namespace {
+
+// PyTorch's clip_grad_norm_ coefficient, in float32 as its tensors:
+// max_norm / (total_norm + 1e-6), at most 1.
+float clip_coefficient(double max_norm, float total_norm) {
+  return std::min(1.0f, static_cast<float>(max_norm) / (total_norm + 1e-6f));
+}
+
+// Clipping where the gradients are real: one more pass, a multiply by the
+// coefficient (none when it is 1 or a gradient is not finite, as the step is
+// then skipped). Returns the total norm.
+double clip_real_gradients(torch::optim::Optimizer& optimizer, double max_norm, bool found_inf) {
+  const std::vector<detail::GradRef> grads = detail::checked_grads(optimizer, true);
+  const auto norm = static_cast<float>(std::sqrt(detail::sum_squares(grads)));
+  const float coef = clip_coefficient(max_norm, norm);
+  if (!found_inf && std::isfinite(norm) && coef < 1.0f) {
+    at::NoGradGuard no_grad;
+    for (const detail::GradRef& ref : grads) {
+      at::Tensor& grad = ref.param.mutable_grad();
+      (grad.is_sparse() ? grad._values() : grad).mul_(static_cast<double>(coef));
+    }
+  }
+  return norm;
+}
+
+}  // namespace
+
+double GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm) {
+  TORCH_CHECK_VALUE(std::isfinite(max_norm) && max_norm >= 0,
+                    "GradScaler::clip_grad_norm_: max_norm must be finite and >= 0, got ",
+                    max_norm);
+  if (!is_enabled()) {
+    return clip_real_gradients(optimizer, max_norm, false);
+  }
+  check_ready_for_unscale_(optimizer);
+  auto* amp = dynamic_cast<StepSupportsAmpScaling*>(&optimizer);
+  if (amp == nullptr || !amp->supports_amp_scaling()) {
+    unscale_(optimizer);
+    return clip_real_gradients(optimizer, max_norm, per_optimizer_[&optimizer].found_inf);
+  }
+  OptimizerState state;
+  state.deferred = true;
+  double sum_squares = 0;
+  TORCH_CHECK(unscale_grads_(optimizer, state, /*unscale=*/false, &sum_squares),
+              "No inf checks were recorded for this optimizer.");
+  // The real gradients' norm: the scaled gradients' divided by the scale.
+  const auto norm =
+      static_cast<float>(std::sqrt(sum_squares) / static_cast<double>(schedule_.scale()));
+  state.clip_coef =
+      state.found_inf || !std::isfinite(norm) ? 1.0f : clip_coefficient(max_norm, norm);
+  state.stage = Stage::kUnscaled;
+  per_optimizer_[&optimizer] = std::move(state);
+  return norm;
+}
+
+std::optional<at::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer,
+                                           LossClosure closure) {
+  if (!is_enabled()) {
+    return optimizer.step(std::move(closure));
+  }
+  TORCH_CHECK(false,
+              "Closure use is not currently supported if GradScaler is enabled: a closure re-runs "
+              "backward() and its gradients would never be unscaled. Call scale(loss).backward() "
+              "yourself, then step(optimizer).");
+}
+
+void GradScaler::update(std::optional<double> new_scale) {
+  if (!is_enabled()) {
+    return;
+  }
+  if (new_scale) {
+    schedule_.set_scale(*new_scale);  // validates first
+  } else {
+    bool checked = false;
+    for (const auto& kv : per_optimizer_) {
+      checked = checked || kv.second.checked;
+    }
+    TORCH_CHECK(checked, "No inf checks were recorded prior to update.");
+    bool found = false;
+    for (const auto& kv : per_optimizer_) {
+      found = found || (kv.second.checked && kv.second.found_inf);
+    }
+    schedule_.update(found);
+    if (!found) {
+      consecutive_skips_ = 0;
+    }
+  }
+  per_optimizer_.clear();
+}
+
+double GradScaler::get_scale() const {
+  return is_enabled() ? static_cast<double>(schedule_.scale()) : 1.0;
+}
+
+void GradScaler::set_growth_factor(double growth_factor) {
+  schedule_.set_growth_factor(growth_factor);
+}
+
+void GradScaler::set_backoff_factor(double backoff_factor) {
+  schedule_.set_backoff_factor(backoff_factor);
+}
+
+void GradScaler::set_growth_interval(int64_t growth_interval) {
+  schedule_.set_growth_interval(growth_interval);
+}
+
+void GradScaler::set_backoff_interval(int64_t backoff_interval) {
+  schedule_.set_backoff_interval(backoff_interval);
+}
+
+void GradScaler::set_min_scale(double min_scale) {
+  schedule_.set_min_scale(min_scale);
+}
+
+void GradScaler::set_max_consecutive_skips(int64_t max_consecutive_skips) {
+  ScaleSchedule::check_tracker(max_consecutive_skips, "max_consecutive_skips");
+  max_consecutive_skips_ = max_consecutive_skips;
+}
+
+void GradScaler::set_init_scale(double init_scale) {
+  ScaleSchedule::check_scale(init_scale, "init_scale");
+  schedule_.set_scale(init_scale);
+  init_scale_ = init_scale;
+}
+
+}  // namespace torchamp

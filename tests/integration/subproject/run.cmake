@@ -1,0 +1,46 @@
+# Configures, builds and runs tests/integration/subproject with torchamp brought in WAY
+# (add_subdirectory, find_torch_first or fetchcontent; see its CMakeLists.txt),
+# LibTorch found through the parent's own CMAKE_PREFIX_PATH. Then checks that
+# the parent's install step installs nothing of torchamp.
+file(REMOVE_RECURSE "${WORK}")
+string(REPLACE "|" ";" prefix_path "${TORCH_PREFIX_PATH}")
+set(source "${ROOT}")
+set(args "")
+if(WAY STREQUAL "fetchcontent")
+  # Its copy is built afresh (ccache cannot match its paths with the main
+  # build's), so as a unity build, a setting a parent may make: the library
+  # in a few translation units, LibTorch's headers parsed a few times, not 15.
+  # (The other two ways build the same sources with the main build's command
+  # lines: ccache hits.)
+  list(APPEND args -DCMAKE_UNITY_BUILD=ON)
+  # A local copy of what a release archive holds, fetched by URL.
+  set(source "${WORK}/torchamp-src")
+  file(MAKE_DIRECTORY "${source}")
+  file(COPY "${ROOT}/CMakeLists.txt" "${ROOT}/cmake" "${ROOT}/include" "${ROOT}/src"
+       DESTINATION "${source}")
+endif()
+if(CUDA_ROOT)
+  list(APPEND args "-DCUDA_TOOLKIT_ROOT_DIR=${CUDA_ROOT}" "-DCUDAToolkit_ROOT=${CUDA_ROOT}"
+       "-DCMAKE_CUDA_COMPILER=${CUDA_ROOT}/bin/nvcc")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE}" -B "${WORK}/build" -G "${GENERATOR}"
+  -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${prefix_path}" "-DTORCHAMP_WAY=${WAY}"
+  "-DTORCHAMP_SOURCE=${source}" ${args} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configure failed (${WAY})")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build "${WORK}/build" RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "build failed (${WAY})")
+endif()
+execute_process(COMMAND "${WORK}/build/app" RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+message(STATUS "${out}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "as a subproject: scaled 8")
+  message(FATAL_ERROR "app exited with ${rc} (${WAY})")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --install "${WORK}/build" --prefix "${WORK}/prefix"
+  RESULT_VARIABLE rc)
+file(GLOB_RECURSE installed "${WORK}/prefix/*")
+if(NOT rc EQUAL 0 OR installed)
+  message(FATAL_ERROR "the parent's install step failed or installed torchamp: ${installed}")
+endif()

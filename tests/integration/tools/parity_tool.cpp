@@ -1,0 +1,219 @@
+// Replays tests/integration/python/test_parity.py's random sequences through
+// torchamp::GradScaler and an SGD that runs Python's torch.optim.SGD
+// operations (see PythonSGD), and writes the trace
+// after every step (scale, growth tracker, skip decisions, gradients,
+// parameters) for the Python side to compare with PyTorch's GradScaler.
+//
+//   parity_tool SPEC.pt OUT.pt
+//
+// SPEC is torch.save({"sequences": [...]}) (see make_sequence there); OUT is
+// torch::pickle_save({"traces": [[step, ...], ...]}), which torch.load reads.
+#include <torchamp/grad_scaler.h>
+
+#include <ATen/ScalarOps.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+using c10::IValue;
+using Dict = c10::impl::GenericDict;
+using List = c10::impl::GenericList;
+
+const IValue& at_key(const Dict& d, const char* key) {
+  auto it = d.find(IValue(std::string(key)));
+  TORCH_CHECK(it != d.end(), "parity spec: missing key ", key);
+  return it->value();
+}
+
+// Elements by index: a range-for over a c10::List yields proxies, which GCC
+// 12 and 14 warn about one way (-Wrange-loop-construct) or the other
+// (-Wdangling-reference).
+std::vector<IValue> items(const IValue& list) {
+  const List l = list.toList();
+  std::vector<IValue> out;
+  out.reserve(l.size());
+  for (size_t k = 0; k < l.size(); ++k) {
+    out.push_back(l.get(k));
+  }
+  return out;
+}
+
+double num(const IValue& v) {
+  return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
+}
+
+// A Python float as Python's argument parser passes it to a Tensor op: a
+// wrapped-number 0-dim double tensor. On a bfloat16 tensor, `t.mul_(0.9)` in
+// C++ (the Scalar overload) first rounds 0.9 to bfloat16; Python's
+// `t.mul_(0.9)` multiplies by 0.9 in float32 and rounds once.
+at::Tensor py_float(double v) {
+  at::Tensor t = c10::scalar_to_tensor(at::Scalar(v));
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+// torch.optim.SGD's single-tensor step (what PyTorch runs on CPU tensors), op
+// for op, so that parameters can be compared bit for bit and any difference
+// is the scaler's. LibTorch's own C++ SGD is not that on bfloat16 parameters:
+// its momentum update `buf.mul_(momentum)` rounds the momentum to bfloat16
+// first (see py_float; found by this test).
+class PythonSGD : public torch::optim::SGD {
+ public:
+  using torch::optim::SGD::SGD;
+
+  at::Tensor step(LossClosure closure = nullptr) override {
+    TORCH_CHECK(!closure, "PythonSGD: no closure");
+    at::NoGradGuard no_grad;
+    for (auto& group : param_groups()) {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+      for (auto& param : group.params()) {
+        if (!param.grad().defined()) {
+          continue;
+        }
+        at::Tensor grad = param.grad();
+        if (o.weight_decay() != 0) {
+          grad = grad.add(param, o.weight_decay());
+        }
+        if (o.momentum() != 0) {
+          auto it = buffers_.find(param.unsafeGetTensorImpl());
+          if (it == buffers_.end()) {
+            it = buffers_.emplace(param.unsafeGetTensorImpl(), grad.detach().clone()).first;
+          } else {
+            it->second.mul_(py_float(o.momentum())).add_(grad, 1 - o.dampening());
+          }
+          grad = o.nesterov() ? grad.add(it->second, o.momentum()) : it->second;
+        }
+        param.add_(grad, -o.lr());
+      }
+    }
+    return {};
+  }
+
+ private:
+  std::unordered_map<const void*, at::Tensor> buffers_;
+};
+
+Dict new_dict() {
+  return Dict(c10::StringType::get(), c10::AnyType::get());
+}
+
+List new_list() {
+  return List(c10::AnyType::get());
+}
+
+// Grads or params of every optimizer, cloned; an absent grad is None.
+List snapshot(const std::vector<std::vector<at::Tensor>>& params, bool grads) {
+  List out = new_list();
+  for (const auto& group : params) {
+    List g = new_list();
+    for (const auto& p : group) {
+      if (grads) {
+        g.push_back(p.grad().defined() ? IValue(p.grad().detach().clone()) : IValue());
+      } else {
+        g.push_back(p.detach().clone());
+      }
+    }
+    out.push_back(g);
+  }
+  return out;
+}
+
+List run(const Dict& seq) {
+  const Dict cfg = at_key(seq, "cfg").toGenericDict();
+  torchamp::GradScaler scaler(torchamp::GradScalerOptions()
+                                  .init_scale(num(at_key(cfg, "init_scale")))
+                                  .growth_factor(num(at_key(cfg, "growth_factor")))
+                                  .backoff_factor(num(at_key(cfg, "backoff_factor")))
+                                  .growth_interval(at_key(cfg, "growth_interval").toInt()));
+  const List opt_cfgs = at_key(seq, "opts").toList();
+  const List init = at_key(seq, "params").toList();
+  std::vector<std::vector<at::Tensor>> params;
+  std::vector<std::unique_ptr<PythonSGD>> opts;
+  for (size_t o = 0; o < init.size(); ++o) {
+    std::vector<at::Tensor> group;
+    for (const IValue& p : items(init.get(o))) {
+      group.push_back(p.toTensor().clone().set_requires_grad(true));
+    }
+    const Dict oc = opt_cfgs.get(o).toGenericDict();
+    opts.push_back(
+        std::make_unique<PythonSGD>(group, torch::optim::SGDOptions(num(at_key(oc, "lr")))
+                                               .momentum(num(at_key(oc, "momentum")))
+                                               .dampening(num(at_key(oc, "dampening")))
+                                               .weight_decay(num(at_key(oc, "weight_decay")))
+                                               .nesterov(at_key(oc, "nesterov").toBool())));
+    params.push_back(std::move(group));
+  }
+
+  List trace = new_list();
+  for (const IValue& step_v : items(at_key(seq, "steps"))) {
+    const Dict step = step_v.toGenericDict();
+    const List grads = at_key(step, "grads").toList();
+    for (size_t o = 0; o < params.size(); ++o) {
+      const List g = grads.get(o).toList();
+      for (size_t j = 0; j < params[o].size(); ++j) {
+        params[o][j].mutable_grad() =
+            g.get(j).isNone() ? at::Tensor() : scaler.scale(g.get(j).toTensor());
+      }
+    }
+    for (const IValue& i : items(at_key(step, "unscale"))) {
+      scaler.unscale_(*opts[i.toInt()]);
+    }
+    List stepped = new_list();
+    for (const IValue& i : items(at_key(step, "step"))) {
+      stepped.push_back(scaler.step(*opts[i.toInt()]).has_value());
+    }
+    List grads_after = snapshot(params, /*grads=*/true);
+    const IValue& new_scale = at_key(step, "new_scale");
+    if (new_scale.isNone()) {
+      scaler.update();
+    } else {
+      scaler.update(num(new_scale));
+    }
+    if (at_key(step, "reload").toBool()) {
+      torchamp::GradScaler fresh;
+      fresh.load_state_dict(scaler.state_dict());
+      scaler = std::move(fresh);
+    }
+    Dict rec = new_dict();
+    rec.insert("scale", scaler.get_scale());
+    rec.insert("growth_tracker", scaler.get_growth_tracker());
+    rec.insert("stepped", stepped);
+    rec.insert("grads", grads_after);
+    rec.insert("params", snapshot(params, /*grads=*/false));
+    trace.push_back(rec);
+  }
+  return trace;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: parity_tool SPEC.pt OUT.pt\n";
+    return 2;
+  }
+  std::ifstream in(argv[1], std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+  const Dict spec = torch::pickle_load(bytes).toGenericDict();
+  List traces = new_list();
+  for (const IValue& seq : items(at_key(spec, "sequences"))) {
+    traces.push_back(run(seq.toGenericDict()));
+  }
+  Dict out = new_dict();
+  out.insert("traces", traces);
+  const std::vector<char> data = torch::pickle_save(out);
+  std::ofstream(argv[2], std::ios::binary)
+      .write(data.data(), static_cast<std::streamsize>(data.size()));
+  return 0;
+}
