@@ -28,6 +28,15 @@ class Sequential;
 
 namespace torchamp {
 
+/// What backward checks of a recomputation (Python's `determinism_check`).
+enum class DeterminismCheck {
+  /// "default": outputs of the forward's shapes, dtypes and devices, and no
+  /// tensor requiring grad that the forward did not reach (`c10::Error`).
+  kDefault,
+  /// "none": only the second check.
+  kNone,
+};
+
 /// Python's keyword arguments of `torch.utils.checkpoint.checkpoint`.
 struct CheckpointOptions {
   /// Save the CPU RNG state (and that of each CUDA device an input is on)
@@ -35,11 +44,13 @@ struct CheckpointOptions {
   /// draws the same masks; the RNG state after backward is what it was
   /// before it. Python's default, true.
   TORCH_ARG(bool, preserve_rng_state) = true;
-  /// "default": backward checks that the recomputation produced outputs of
-  /// the forward's shapes, dtypes and devices and reached no tensor requiring
-  /// grad that the forward did not, and throws `c10::Error` otherwise;
-  /// "none": only the second check. Python's names.
-  TORCH_ARG(std::string, determinism_check) = "default";
+  /// What backward checks of the recomputation; default `kDefault`.
+  TORCH_ARG(DeterminismCheck, determinism_check) = DeterminismCheck::kDefault;
+
+ public:
+  /// The same by Python's name, "default" or "none"; `c10::ValueError`
+  /// naming any other.
+  CheckpointOptions& determinism_check(const std::string& name);
 };
 
 /// The type-erased function a checkpointed segment runs.

@@ -442,14 +442,19 @@ class CheckpointBackward : public Node {
 };
 
 bool check_metadata(const CheckpointOptions& options) {
-  const auto& d = options.determinism_check();
-  TORCH_CHECK_VALUE(
-      d == "default" || d == "none",
-      "torchamp::checkpoint: determinism_check must be \"default\" or \"none\", got \"", d, "\"");
-  return d == "default";
+  return options.determinism_check() == DeterminismCheck::kDefault;
 }
 
 }  // namespace
+
+CheckpointOptions& CheckpointOptions::determinism_check(const std::string& name) {
+  TORCH_CHECK_VALUE(
+      name == "default" || name == "none",
+      "torchamp::checkpoint: determinism_check must be \"default\" or \"none\", got \"", name,
+      "\"");
+  return determinism_check(name == "default" ? DeterminismCheck::kDefault
+                                             : DeterminismCheck::kNone);
+}
 
 std::vector<at::Tensor> detail::checkpoint(const CheckpointFunction& function,
                                            const std::vector<at::Tensor>& inputs,
@@ -543,7 +548,6 @@ at::Tensor checkpoint_sequential(const torch::nn::Sequential& functions, int64_t
   TORCH_CHECK_VALUE(segments <= size, "torchamp::checkpoint_sequential: ", segments,
                     " segments for a Sequential of ", size,
                     " modules; there can be at most one segment per module");
-  check_metadata(options);
   const auto run = [seq = functions.ptr()](int64_t start, int64_t end, at::Tensor x) {
     for (int64_t j = start; j <= end; ++j) {
       x = (seq->begin() + j)->forward(x);
