@@ -72,6 +72,27 @@ struct GradScalerOptions {
   TORCH_ARG(bool, unscale_float16) = false;
 };
 
+namespace detail {
+
+/// The scaler's per-optimizer gradient lists, kept between steps; opaque
+/// outside the library (src/scaler/grad_cache.h). A copy starts with none.
+class GradCaches {
+ public:
+  struct Map;
+  GradCaches();
+  ~GradCaches();
+  GradCaches(const GradCaches& /*other*/);
+  GradCaches& operator=(const GradCaches& other);
+  GradCaches(GradCaches&& other) noexcept;
+  GradCaches& operator=(GradCaches&& other) noexcept;
+  Map& map();
+
+ private:
+  std::unique_ptr<Map> map_;
+};
+
+}  // namespace detail
+
 /// A parameter whose gradient held an inf/NaN at the last `unscale_`.
 struct NonFiniteGradient {
   size_t group;      ///< index into optimizer.param_groups()
@@ -79,31 +100,11 @@ struct NonFiniteGradient {
   std::string name;  ///< as registered with register_parameter_names, else empty
 };
 
-/// Dynamic loss scaling. The training loop is Python's:
-///
-/// ```
-/// torchamp::GradScaler scaler;
-/// optimizer.zero_grad();
-/// scaler.scale(loss).backward();
-/// scaler.unscale_(optimizer);   // optional: real gradients, e.g. for clipping
-/// scaler.step(optimizer);       // skipped when a gradient is inf/NaN
-/// scaler.update();              // grow or back off the scale
-/// ```
-///
-/// Each optimizer moves through ready -> unscaled -> stepped once per
-/// iteration; `update()` returns every optimizer to ready. Optimizers are
-/// identified by address (Python uses `id(optimizer)`).
-///
-/// Errors are typed as Python's: misuse throws `c10::Error` (RuntimeError),
-/// bad values `c10::ValueError`, unsupported gradients
-/// `c10::NotImplementedError`. A call that throws changes no state of the
-/// scaler.
-///
-/// Differences from Python: the scale lives on the host as a float32 value
-/// (CUDA gradients are still unscaled on the device, with one host
-/// synchronisation per device and iteration, when they are unscaled), `step`
-/// forwards no extra arguments, and `backoff_interval` and `dynamic` (Paddle
-/// has both), `min_scale` and `max_consecutive_skips` are extensions.
+/// Dynamic loss scaling, Python's `torch.amp.GradScaler`:
+/// `scaler.scale(loss).backward(); scaler.unscale_(opt);` (optional)
+/// `scaler.step(opt);` (skipped on inf/NaN) `scaler.update();`. Errors are
+/// typed as Python's, and a call that throws changes nothing. Every call in
+/// full, and how each differs from Python: docs/grad_scaler.md.
 class GradScaler {
  public:
   using LossClosure = std::function<at::Tensor()>;
@@ -112,97 +113,40 @@ class GradScaler {
   /// out of range, also when `enabled` is false.
   explicit GradScaler(GradScalerOptions options = {});
 
-  /// `output * scale`, exactly Python's: the scale is a 0-dim float32 tensor
-  /// (a CPU scalar to ATen, so no host-device copy for a CUDA output), with
-  /// ATen's type promotion. A tensor with dimensions keeps its dtype (on
-  /// LibTorch 2.13 a bfloat16 one is multiplied by the float32 scale itself
-  /// and rounded once, where a C++ Scalar would round the scale to bfloat16
-  /// first); a 0-dim float16/bfloat16 loss comes back float32, as in Python.
-  /// Disabled: returns `output` itself.
-  /// Throws `c10::ValueError` for an undefined tensor, enabled or not.
+  /// `output * scale`, as Python's (a 0-dim float32 scale, ATen's type
+  /// promotion); disabled: `output`. `c10::ValueError` if undefined.
   at::Tensor scale(const at::Tensor& output);
 
   /// `scale` applied to each tensor, order kept. Every tensor is checked
   /// before any is scaled.
   std::vector<at::Tensor> scale(const std::vector<at::Tensor>& outputs);
 
-  /// Divides (multiplies by the float32 reciprocal of the scale, as ATen) the
-  /// gradients of every parameter of every param group in place, and records
-  /// whether any held an inf/NaN. float32 and float64 gradients are unscaled
-  /// in their own dtype; bfloat16 ones in float32, rounded back once. Sparse
-  /// gradients are coalesced and their values unscaled.
-  ///
-  /// Throws, before anything is unscaled and without changing the stage:
-  /// `c10::Error` if `unscale_` or `step` already ran for this optimizer since
-  /// the last `update()`; `c10::ValueError` for a float16 gradient;
-  /// `c10::NotImplementedError` for a complex or other non-floating gradient
-  /// or an unsupported layout. Disabled: does nothing.
+  /// Python's `unscale_`: divides every gradient in place, recording inf/NaN.
+  /// Throws, changing nothing: `c10::Error` if `unscale_` or `step` already
+  /// ran since `update()`; `c10::ValueError` for a float16 gradient (unless
+  /// `unscale_float16`); `c10::NotImplementedError` for other dtypes/layouts.
   void unscale_(torch::optim::Optimizer& optimizer);
 
-  /// Unscales the gradients unless `unscale_` already ran for this optimizer
-  /// (never twice), then returns `optimizer.step()`, or `std::nullopt`
-  /// without calling it when a gradient was inf/NaN.
-  ///
-  /// An optimizer that implements `StepSupportsAmpScaling` (torchamp/amp_step.h;
-  /// torchamp::optim's do) and says it `supports_amp_scaling()` is not
-  /// unscaled here, as Python's `_step_supports_amp_scaling`: one read-only
-  /// check pass finds overflow (and the ranks agree, with a reducer), then
-  /// `amp_step` gets the scale (none if `unscale_` already ran) and the flag,
-  /// and divides the gradients inside its update, writing them back unscaled
-  /// (as Python's fused optimizers, on every device). A skipped step changes
-  /// nothing: parameters, state, step counts, gradients (still scaled).
-  ///
-  /// With `max_consecutive_skips` = N > 0, the N-th skipped step in a row
-  /// throws `c10::Error` instead, naming the scale, the count and the
-  /// parameters with non-finite gradients (the gradients stay unscaled, or
-  /// still scaled for an optimizer that unscales in its step; the stage stays
-  /// unscaled).
-  ///
-  /// Throws `c10::Error` if `step` already ran since the last `update()`, or
-  /// "No inf checks were recorded for this optimizer." when the optimizer has
-  /// no gradient at all; otherwise as `unscale_`, except that an optimizer
-  /// that takes the scale may have float16 gradients (Python's fused path;
-  /// e.g. torchamp::optim with master weights). Disabled: returns
-  /// `optimizer.step()`.
+  /// Python's `step`: `optimizer.step()` on unscaled gradients, or
+  /// `std::nullopt` without it when one was inf/NaN. An optimizer with
+  /// `StepSupportsAmpScaling` takes the scale in its update instead. The
+  /// `max_consecutive_skips`-th skip in a row throws `c10::Error`, as does a
+  /// second `step` before `update()` or an optimizer without gradients.
   std::optional<at::Tensor> step(torch::optim::Optimizer& optimizer);
 
-  /// Clips the gradients' total 2-norm to `max_norm` as
-  /// `unscale_(opt); torch::nn::utils::clip_grad_norm_(params, max_norm);`
-  /// does, and returns the total norm of the real (unscaled) gradients; inf
-  /// or NaN when a gradient overflowed (the step is then skipped).
-  ///
-  /// For an optimizer that takes the scale (`StepSupportsAmpScaling`, e.g.
-  /// torchamp::optim's) nothing is written: the check pass that finds
-  /// overflow also sums the squares of the still-scaled gradients, and the
-  /// clip coefficient (`max_norm / (norm + 1e-6)`, at most 1, as PyTorch's)
-  /// is folded into the scale `step` hands over, so the update divides each
-  /// gradient by `scale / coefficient` in the pass it makes anyway. This is
-  /// also the one way to clip float16 gradients (which `unscale_` refuses).
-  /// Any other optimizer: `unscale_`, then one more pass that multiplies by
-  /// the coefficient. Disabled: clips the gradients as they are.
-  ///
-  /// The norm is this process's: with a sharded optimizer every rank must
-  /// sum the squares of all shards (not done here). Throws `c10::ValueError`
-  /// for a `max_norm` that is negative or not finite; otherwise as `unscale_`
-  /// (and only where `unscale_` would for float16 gradients), with nothing
-  /// changed.
+  /// `unscale_(opt)` then `clip_grad_norm_(params, max_norm)` in one call;
+  /// returns the real norm (inf/NaN on overflow). With `StepSupportsAmpScaling`
+  /// the clip is folded into the scale `step` hands over. `c10::ValueError`
+  /// for a negative or non-finite `max_norm`.
   double clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm);
 
-  /// Closures are refused while enabled (`c10::Error`): a closure re-runs
-  /// backward and its gradients would never be unscaled. Disabled: returns
-  /// `optimizer.step(closure)`.
+  /// Refused while enabled (`c10::Error`: its gradients would not be
+  /// unscaled); disabled: `optimizer.step(closure)`.
   std::optional<at::Tensor> step(torch::optim::Optimizer& optimizer, LossClosure closure);
 
-  /// Ends the iteration: backs off (after `backoff_interval` consecutive
-  /// overflowing updates) if any optimizer's gradients overflowed since the
-  /// last update, else counts a clean update (growing after
-  /// `growth_interval`); see `ScaleSchedule::update`. With `new_scale` the
-  /// scale is set to it directly (validated like `init_scale`), counters
-  /// untouched. Either way every optimizer returns to ready.
-  ///
-  /// Throws `c10::Error` "No inf checks were recorded prior to update." when
-  /// no gradient was checked since the last update (and no `new_scale`).
-  /// Disabled: does nothing.
+  /// Python's `update`: backs off after `backoff_interval` overflowing updates,
+  /// grows after `growth_interval` clean ones; `new_scale` sets the scale.
+  /// `c10::Error` when no gradient was checked since the last update.
   void update(std::optional<double> new_scale = std::nullopt);
 
   /// The current scale (a float32 value); 1.0 when disabled.
@@ -240,11 +184,8 @@ class GradScaler {
   /// `set_init_loss_scaling`; Python's GradScaler has no such setter.
   void set_init_scale(double init_scale);
 
-  /// The parameters whose gradients held an inf/NaN at this optimizer's last
-  /// `unscale_` (also the one inside `step`), in optimizer order; empty when
-  /// none did or none was unscaled. Known from the fused pass itself on the
-  /// CPU; for CUDA gradients, found by a per-tensor check run only when the
-  /// device reported an overflow.
+  /// The parameters whose gradients held an inf/NaN at this optimizer's
+  /// last `unscale_` (or `step`), in optimizer order.
   std::vector<NonFiniteGradient> non_finite_gradients(
       const torch::optim::Optimizer& optimizer) const;
 
@@ -259,37 +200,19 @@ class GradScaler {
   }
   void register_parameter_name(const std::string& name, const at::Tensor& parameter);
 
-  /// How ranks agree on an overflow (see torchamp/distributed.h, which sets
-  /// one from a c10d process group). Called by `unscale_` (and `step`) with
-  /// this rank's flag for the optimizer and the device of its gradients,
-  /// after a read-only check pass and before anything is divided or any stage
-  /// changes; its result is what the scaler records. An exception from it
-  /// propagates with nothing changed (the stage and the gradients are as
-  /// before). It is also called for an optimizer without gradients (with
-  /// false), so that peers are not left waiting. Empty: this rank's flag.
+  /// How ranks agree on an overflow (torchamp/distributed.h makes one): called
+  /// with this rank's flag before anything changes; if it throws, nothing has.
   using FoundInfReducer = std::function<bool(bool found_inf, c10::Device device)>;
   void set_found_inf_reducer(FoundInfReducer reducer) { found_inf_reducer_ = std::move(reducer); }
   bool has_found_inf_reducer() const { return static_cast<bool>(found_inf_reducer_); }
 
-  /// PyTorch's keys, so checkpoints cross between Python and C++: `scale`,
-  /// `growth_factor`, `backoff_factor` (double), `growth_interval`,
-  /// `_growth_tracker` (int), and ours: `backoff_interval`, `_backoff_tracker`
-  /// (int), `dynamic` (bool), `min_scale` (double), `max_consecutive_skips`,
-  /// `_consecutive_skips` (int). Empty when disabled.
+  /// PyTorch's five keys and torchamp's six (docs/checkpoints.md); empty when
+  /// disabled. Python's `state_dict`.
   StateDict state_dict() const;
 
-  /// Loads a `state_dict()` or a dict of one of the other schemas it knows:
-  /// Python's GradScaler's (PyTorch's five keys; our six extension keys then
-  /// keep their values), Paddle's (`paddle.amp.GradScaler`'s keys), and
-  /// lucid's (the reference page's framework: `scale`, `growth_factor`,
-  /// `backoff_factor`, `growth_interval`, `growth_tracker`). The keys say which
-  /// schema a dict is; one mixing two is refused. Every key's presence, type
-  /// and value is checked before anything changes (`c10::ValueError` naming
-  /// the key); ints are accepted where doubles are expected. `init_scale`
-  /// becomes the loaded scale, as in Python. An empty dict throws `c10::Error`
-  /// "The source state dict is empty, possibly because it was saved from a
-  /// disabled instance of GradScaler." Unknown keys are ignored. Disabled:
-  /// does nothing.
+  /// Python's `load_state_dict`; also Paddle's and the reference page's
+  /// schemas, told apart by their keys. All or nothing: `c10::ValueError`
+  /// naming a bad key, `c10::Error` for an empty dict.
   void load_state_dict(const StateDict& state);
 
  private:
@@ -301,23 +224,6 @@ class GradScaler {
     bool found_inf = false;  // agreed result (one host sync per device, at unscale)
     bool deferred = false;   // gradients left scaled: the optimizer's amp_step unscales them
     float clip_coef = 1.0f;  // folded into the scale amp_step divides by (clip_grad_norm_)
-  };
-
-  // Each optimizer's gradient list, kept between steps (src/scaler/grad_cache.h).
-  // Only an accelerator: a copy of the scaler starts with none.
-  class GradCaches {
-   public:
-    struct Map;
-    GradCaches();
-    ~GradCaches();
-    GradCaches(const GradCaches& /*other*/);
-    GradCaches& operator=(const GradCaches& other);
-    GradCaches(GradCaches&& other) noexcept;
-    GradCaches& operator=(GradCaches&& other) noexcept;
-    Map& map();
-
-   private:
-    std::unique_ptr<Map> map_;
   };
 
   // Validates, then unscales (or, with `unscale` false, only checks, and with
@@ -348,7 +254,7 @@ class GradScaler {
   std::unordered_map<const torch::optim::Optimizer*, std::vector<NonFiniteGradient>>
       last_non_finite_;
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
-  GradCaches grad_caches_;
+  detail::GradCaches grad_caches_;
 };
 
 /// `torch::save(scaler, path)`: writes `state_dict()`'s entries into the

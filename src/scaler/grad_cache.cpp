@@ -11,19 +11,19 @@
 
 namespace torchamp {
 
-GradScaler::GradCaches::GradCaches() : map_(std::make_unique<Map>()) {}
-GradScaler::GradCaches::~GradCaches() = default;
-GradScaler::GradCaches::GradCaches(const GradCaches& /*other*/) : map_(std::make_unique<Map>()) {}
-GradScaler::GradCaches& GradScaler::GradCaches::operator=(const GradCaches& other) {
+detail::GradCaches::GradCaches() : map_(std::make_unique<Map>()) {}
+detail::GradCaches::~GradCaches() = default;
+detail::GradCaches::GradCaches(const GradCaches& /*other*/) : map_(std::make_unique<Map>()) {}
+detail::GradCaches& detail::GradCaches::operator=(const GradCaches& other) {
   if (this != &other) {
     map_ = std::make_unique<Map>();
   }
   return *this;
 }
-GradScaler::GradCaches::GradCaches(GradCaches&& other) noexcept = default;
-GradScaler::GradCaches& GradScaler::GradCaches::operator=(GradCaches&& other) noexcept = default;
+detail::GradCaches::GradCaches(GradCaches&& other) noexcept = default;
+detail::GradCaches& detail::GradCaches::operator=(GradCaches&& other) noexcept = default;
 
-GradScaler::GradCaches::Map& GradScaler::GradCaches::map() {
+detail::GradCaches::Map& detail::GradCaches::map() {
   if (!map_) {  // moved from
     map_ = std::make_unique<Map>();
   }

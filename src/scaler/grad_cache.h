@@ -67,7 +67,7 @@ GradCache build_cache(const torch::optim::Optimizer& optimizer);
 
 }  // namespace detail
 
-struct GradScaler::GradCaches::Map {
+struct detail::GradCaches::Map {
   std::unordered_map<const torch::optim::Optimizer*, detail::GradCache> caches;
 };
 
