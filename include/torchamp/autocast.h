@@ -27,23 +27,12 @@ namespace torchamp {
 /// auto loss = torch::mse_loss(out.to(torch::kFloat), y);
 /// ```
 ///
-/// The constructor saves the device's enabled flag and dtype and the cast
-/// cache flag, then sets them; `exit()` (Python's `__exit__`) or the destructor
-/// restores all three, once. Guards nest; when the outermost guard (of any
-/// device) exits, the cast cache is cleared. Like every RAII guard it belongs
-/// to one thread: autocast state is thread-local in ATen.
-///
-/// Defaults: float16 on CUDA, bfloat16 on CPU, as Python. `cache_enabled =
-/// nullopt` keeps the current cache setting (Python's default reads it too).
-/// A `c10::Device` stands for its type: autocast state is per device type.
-///
-/// Throws `c10::ValueError`, before anything changes, for a device type other
-/// than CPU or CUDA and for a dtype the running LibTorch cannot autocast to on
-/// that device (float16 on CPU before LibTorch 2.2; anything but
-/// float16/bfloat16). Python warns and disables itself instead; a C++ caller
-/// gets an error it cannot miss. The constructors are `[[nodiscard]]`: a
-/// discarded temporary (`torchamp::autocast(torch::kCPU, dtype);`) would end
-/// at the semicolon and autocast nothing, so the compiler warns.
+/// Python's `torch.autocast(device_type, dtype, enabled, cache_enabled)`:
+/// float16 on CUDA, bfloat16 on CPU by default. Guards nest and restore what
+/// they changed; state is per thread. `c10::ValueError`, changing nothing,
+/// for a device type or dtype this LibTorch cannot autocast (Python warns).
+/// `[[nodiscard]]`: a discarded temporary would autocast nothing. In full:
+/// docs/api.md#autocast.
 class autocast {
  public:
   [[nodiscard]] explicit autocast(c10::DeviceType device_type,
@@ -64,13 +53,9 @@ class autocast {
   autocast(autocast&&) = delete;
   autocast& operator=(autocast&&) = delete;
 
-  /// Ends the guard now, as leaving Python's `with` block does: restores what
-  /// the constructor changed (an inner guard's exit gives back the outer's
-  /// dtype and flag; the outermost clears the cast cache). A second call, and
-  /// the destructor after it, do nothing. Throws `c10::Error`, changing
-  /// nothing, while a guard constructed after this one in this thread is
-  /// still active: exit the inner one first (Python's `__exit__` out of order
-  /// would leave the outer's settings behind once the inner one exits).
+  /// Ends the guard now, as leaving Python's `with` block does; a second call
+  /// does nothing. `c10::Error`, changing nothing, while a guard made after
+  /// this one in this thread is still active.
   void exit();
 
   /// Whether the guard is still in effect: constructed and not yet exited.

@@ -3,24 +3,11 @@
 /// \file
 /// Agreement on overflow across the ranks of a c10d process group.
 ///
-/// When is it needed? Whenever a rank's optimizer sees gradients that other
-/// ranks do not: sharded optimizer state (ZeRO-style), tensor or pipeline
-/// parallelism, any reduce-scatter of gradients. If one rank overflows and
-/// another does not, they disagree about skipping, their scales drift apart
-/// and the model silently diverges. With a process group set, `unscale_`
-/// (and `step`) all-reduces this optimizer's found-inf flag (one element,
-/// MAX) before anything is unscaled or any stage changes, so every rank
-/// records the same result, skips the same steps and keeps the same scale.
-///
-/// When not? Plain data parallelism with a full gradient all-reduce before
-/// the step (DDP-style): every rank already holds identical gradients and
-/// reaches the same decision alone; the extra collective would only cost
-/// latency.
-///
-/// Works with any `c10d::ProcessGroup` (Gloo for CPU tensors; NCCL for CUDA
-/// tensors and MPI where the linked LibTorch has them): the flag lives on the
-/// device of the optimizer's gradients. Every rank must call `unscale_`/`step`
-/// for the same optimizers in the same order, as with any collective.
+/// Needed where a rank's optimizer sees gradients other ranks do not (sharded
+/// state, tensor or pipeline parallelism): with it every rank skips the same
+/// steps and keeps the same scale. Not needed under DDP, whose ranks hold the
+/// same gradients. Any c10d group; every rank calls `unscale_`/`step` for the
+/// same optimizers in the same order. In full: docs/distributed.md.
 
 #include <torchamp/config.h>
 

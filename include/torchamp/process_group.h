@@ -7,28 +7,13 @@
 /// auto group = torchamp::init_process_group();  // dist.init_process_group("gloo")
 /// ```
 ///
-/// Under torchrun that is all: `env://` reads RANK, WORLD_SIZE, MASTER_ADDR
-/// and MASTER_PORT, and meets the other ranks at the store torchrun's agent
-/// serves (TORCHELASTIC_USE_AGENT_STORE), as Python does. `tcp://host:port`
-/// and `file:///path` work as in Python, with `rank` and `world_size` given
-/// here or in the URL's query (`?rank=0&world_size=2`).
-///
-/// The groups are Gloo's for CPU tensors, and NCCL's for CUDA tensors where
-/// torchamp was built against a CUDA LibTorch with NCCL. They are formed
-/// inside libtorchamp, so a program that includes this header needs no Gloo
-/// header: the pip wheels and the pytorch.org archives ship none, and their
-/// `ProcessGroupGloo.hpp` cannot be included without them.
-///
-/// Errors are typed and name what is wrong, and nothing waits longer than
-/// the timeout:
-/// - `c10::ValueError`: a missing or garbled variable or URL parameter, a
-///   rank outside [0, world_size), an unknown backend or init_method, a
-///   second `init_process_group`;
-/// - `c10::NotImplementedError`: a backend this build of torchamp lacks
-///   (Gloo without Gloo's headers at build time, NCCL without CUDA), naming
-///   the fix;
-/// - `c10::Error` (c10d's own store and backend errors, with torchamp's
-///   context added): a peer that never arrives within the timeout.
+/// Under torchrun that is all (`env://`); `tcp://` and `file://` work as in
+/// Python. Gloo groups for CPU tensors, NCCL's for CUDA ones where built,
+/// formed inside libtorchamp so that no program needs Gloo's headers. Errors
+/// are typed (`c10::ValueError` for a bad variable, URL or rank,
+/// `c10::NotImplementedError` for a backend this build lacks, `c10::Error`
+/// for a peer that never arrives) and nothing waits past the timeout. In
+/// full: docs/distributed.md.
 
 #include <torchamp/config.h>
 
