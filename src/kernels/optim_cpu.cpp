@@ -376,19 +376,13 @@ SgdLoop loop_for(const SgdJob& j, bool unscale) {
 // a * b + c rounds once where the portable loop rounds twice.
 #ifdef TORCHAMP_X86_F16C
 
-// GCC 12's AVX-512 intrinsics start some vectors from _mm512_undefined_*(),
-// which -Wall reports as uninitialised inside its own header. The walk's
+// The warnings x86_vec.h names are off from here to the loop tables. The walk's
 // helpers below take and return vectors without a target of their own:
 // always inlined into a function with one, they have no ABI to change
 // (-Wpsabi). That holds only while every one of them is TORCHAMP_INLINE (or
 // has a target): one that is not inlined would pass a __m256/__m512 between
 // functions that disagree on how, and nothing here would warn.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
+TORCHAMP_X86_DIAGNOSTICS_PUSH
 
 // Large jobs stream four to six arrays at once, more than the hardware
 // prefetcher keeps ahead of on one core: every 32 elements the lines
@@ -596,7 +590,7 @@ template <class MV, bool kUnscale>
 TORCHAMP_AVX512 void sgd_avx512(const SgdJob& j, int64_t b, int64_t e, float s) {
   sgd_vec<Avx512, MV, kUnscale>(j, b, e, s);
 }
-#pragma GCC diagnostic pop
+TORCHAMP_X86_DIAGNOSTICS_POP
 
 #define TORCHAMP_ADAM_VEC_ROW(F, MV)                            \
   {                                                             \

@@ -148,14 +148,9 @@ bool unscale_span(uint16_t* p, int64_t n, float inv) {  // bfloat16 bits
 #ifdef TORCHAMP_X86_VECTORS
 #define TORCHAMP_X86_AVX512 1  // the AVX-512 loops below exist
 
-// GCC 12's AVX-512 intrinsics start some vectors from _mm512_undefined_*(),
-// which -Wall reports as uninitialised inside its own header.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-TORCHAMP_AVX512_BF16 bool unscale_span_avx512_bf16(uint16_t* p, int64_t n, float inv) {
+TORCHAMP_X86_DIAGNOSTICS_PUSH  // the warnings x86_vec.h names
+    TORCHAMP_AVX512_BF16 bool
+    unscale_span_avx512_bf16(uint16_t* p, int64_t n, float inv) {
   const __m512 vinv = _mm512_set1_ps(inv);
   const __m512i abs_mask = _mm512_set1_epi16(0x7fff);
   constexpr int kNanOrSubnormal = 0x01 | 0x20 | 0x80;  // QNaN, denormal, SNaN
@@ -202,7 +197,7 @@ __attribute__((target("avx512f"))) bool unscale_span_avx512(float* p, int64_t n,
   }
   return _mm512_reduce_max_epu32(mag) >= kF32ExpMask;
 }
-#pragma GCC diagnostic pop
+TORCHAMP_X86_DIAGNOSTICS_POP
 
 #endif
 

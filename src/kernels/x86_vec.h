@@ -20,15 +20,23 @@
 #define TORCHAMP_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
 #define TORCHAMP_INLINE __attribute__((always_inline)) inline
 
-// GCC 12's AVX-512 intrinsics start some vectors from _mm512_undefined_*(),
-// which -Wall reports as uninitialised inside its own header; the helpers
-// pass vectors without a target of their own, always inlined (-Wpsabi).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
+// Around code on these vectors, here and in the kernel files: GCC 12's
+// AVX-512 intrinsics start some vectors from _mm512_undefined_*(), which
+// -Wall reports as uninitialised inside its own header; the helpers pass
+// vectors without a target of their own, always inlined (-Wpsabi).
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wpsabi"
+#define TORCHAMP_X86_GCC_IGNORES                              \
+  _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"") \
+      _Pragma("GCC diagnostic ignored \"-Wpsabi\"")
+#else
+#define TORCHAMP_X86_GCC_IGNORES
 #endif
+#define TORCHAMP_X86_DIAGNOSTICS_PUSH                                                  \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
+      TORCHAMP_X86_GCC_IGNORES
+#define TORCHAMP_X86_DIAGNOSTICS_POP _Pragma("GCC diagnostic pop")
+
+TORCHAMP_X86_DIAGNOSTICS_PUSH
 
 namespace torchamp {
 namespace kernels {
@@ -248,5 +256,5 @@ struct Avx512 {
 }  // namespace kernels
 }  // namespace torchamp
 
-#pragma GCC diagnostic pop
+TORCHAMP_X86_DIAGNOSTICS_POP
 #endif
