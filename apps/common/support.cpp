@@ -180,19 +180,25 @@ Options read_options(const std::string& path) {
   return kv;
 }
 
-std::string first_difference(const Options& a, const Options& b) {
-  auto value = [](const Options& m, const std::string& k) {
+std::optional<OptionDifference> differing_option(const Options& a, const Options& b,
+                                                 const std::string& missing) {
+  auto value = [&missing](const Options& m, const std::string& k) {
     const auto it = m.find(k);
-    return it == m.end() ? std::string("(none)") : it->second;
+    return it == m.end() ? missing : it->second;
   };
   Options keys = a;
   keys.insert(b.begin(), b.end());
   for (const auto& kv : keys) {
     if (value(a, kv.first) != value(b, kv.first)) {
-      return kv.first + ": " + value(a, kv.first) + " vs " + value(b, kv.first);
+      return OptionDifference{kv.first, value(a, kv.first), value(b, kv.first)};
     }
   }
-  return "";
+  return std::nullopt;
+}
+
+std::string first_difference(const Options& a, const Options& b) {
+  const auto d = differing_option(a, b, "(none)");
+  return d ? d->key + ": " + d->a + " vs " + d->b : "";
 }
 
 bool have_gnuplot() {

@@ -9,6 +9,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -50,8 +51,16 @@ void maybe_die_after_step();
 using Options = std::map<std::string, std::string>;
 void write_options(const std::string& path, const Options& options);
 Options read_options(const std::string& path);
-/// The first key whose value differs between the two (or that one lacks), as
-/// "key: a vs b"; empty when they are equal.
+/// The first key (in key order) whose value differs between two options
+/// files, a key one of them lacks reading as `missing`; none when they agree.
+/// The one comparison behind every app's `--out` rule.
+struct OptionDifference {
+  std::string key, a, b;
+};
+std::optional<OptionDifference> differing_option(const Options& a, const Options& b,
+                                                 const std::string& missing);
+/// The same as "key: a vs b" (a missing key reads "(none)"); empty when they
+/// agree.
 std::string first_difference(const Options& a, const Options& b);
 
 /// The entry of `all` whose `name` is `name`; throws std::invalid_argument

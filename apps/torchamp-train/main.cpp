@@ -553,20 +553,12 @@ Config adopt_saved(const Args& a, const RunFolder& folder, int world) {
 // --out on a run folder: every setting must be the run's (another one would
 // mix two runs).
 void check_same_run(const RunFolder& folder, const fs::path& run_dir, const Config& config) {
-  const Options saved = folder.read_config();
-  Options mine = config.to_map();
-  for (const auto& kv : saved) {
-    mine.emplace(kv.first, "");  // compare both ways
-  }
-  for (const auto& [key, value] : mine) {
-    const auto it = saved.find(key);
-    const std::string theirs = it == saved.end() ? "" : it->second;
-    if (theirs != value) {
-      throw UsageError("--out: " + run_dir.string() + " holds a run whose --" + key + " is " +
-                       (theirs.empty() ? "unset" : theirs) + ", but this one's is " +
-                       (value.empty() ? "unset" : value) +
-                       ": give its options to continue it, or another --out");
-    }
+  // Both ways; a key one lacks reads as unset.
+  if (const auto d = torchamp_apps::differing_option(folder.read_config(), config.to_map(), "")) {
+    throw UsageError("--out: " + run_dir.string() + " holds a run whose --" + d->key + " is " +
+                     (d->a.empty() ? "unset" : d->a) + ", but this one's is " +
+                     (d->b.empty() ? "unset" : d->b) +
+                     ": give its options to continue it, or another --out");
   }
 }
 
