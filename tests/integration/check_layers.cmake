@@ -8,7 +8,7 @@ cmake_minimum_required(VERSION 3.18)
 # headers up to its own rank; a public header only lower-ranked ones.
 # config.h and version.h are rank 0: anything may include them.
 set(folder_rank compat:0 schedule:1 kernels:2 scaler:3 paddle:4 autocast:5 optim:8
-    distributed:9 checkpoint:10)
+    distributed:9 checkpoint:10 c:11)
 set(header_rank config:0 version:0 scale_schedule:1 amp_step:2 grad_scaler:3 paddle:4
     autocast:5 process_group:6 distributed:7 optim:8 data_parallel:9 checkpoint:10 torchamp:11)
 

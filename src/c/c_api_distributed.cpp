@@ -1,0 +1,182 @@
+// The C ABI's process groups and DDP: torchamp::init_process_group,
+// set_process_group and DistributedDataParallel over a module made of the
+// caller's parameters. Without distributed support every call here fails
+// with TORCHAMP_NOT_IMPLEMENTED_ERROR.
+
+#include "c/handles.h"
+
+#include <torchamp/config.h>
+
+#if TORCHAMP_WITH_DISTRIBUTED
+#include <torchamp/data_parallel.h>
+#include <torchamp/distributed.h>
+#include <torchamp/process_group.h>
+
+#include <torch/nn/module.h>
+
+#include <string>
+
+struct torchamp_process_group {
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+};
+
+struct torchamp_ddp {
+  explicit torchamp_ddp(torchamp::DistributedDataParallel d) : ddp(std::move(d)) {}
+  torchamp::DistributedDataParallel ddp;
+};
+#else
+struct torchamp_process_group {};
+struct torchamp_ddp {};
+#endif
+
+using namespace torchamp::c_api;  // NOLINT: this file is the ABI's implementation
+
+namespace {
+
+#if !TORCHAMP_WITH_DISTRIBUTED
+[[noreturn]] void no_distributed(const char* function) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, function,
+                              ": this torchamp was built without distributed support "
+                              "(TORCHAMP_WITH_DISTRIBUTED=OFF)");
+}
+#endif
+
+}  // namespace
+
+extern "C" {
+
+torchamp_status torchamp_init_process_group(const char* backend, const char* init_method,
+                                            int32_t rank, int32_t world_size,
+                                            torchamp_process_group** out) {
+  return make_into(out, "torchamp_init_process_group", [&] {
+#if TORCHAMP_WITH_DISTRIBUTED
+    torchamp::ProcessGroupOptions options;
+    options.backend(backend != nullptr ? backend : "").rank(rank).world_size(world_size);
+    if (init_method != nullptr) {
+      options.init_method(std::string(init_method));
+    }
+    auto handle = std::make_unique<torchamp_process_group>();
+    handle->group = torchamp::init_process_group(options);
+    return handle;
+#else
+    (void)backend, (void)init_method, (void)rank, (void)world_size;
+    no_distributed("torchamp_init_process_group");
+    return std::unique_ptr<torchamp_process_group>();
+#endif
+  });
+}
+
+torchamp_status torchamp_process_group_rank(const torchamp_process_group* group, int32_t* rank) {
+  return guarded([&] {
+    const auto& g = need(group, "torchamp_process_group_rank", "group");
+    need(rank, "torchamp_process_group_rank", "rank");
+#if TORCHAMP_WITH_DISTRIBUTED
+    *rank = g.group->getRank();
+#else
+    (void)g;
+    no_distributed("torchamp_process_group_rank");
+#endif
+  });
+}
+
+torchamp_status torchamp_process_group_size(const torchamp_process_group* group, int32_t* size) {
+  return guarded([&] {
+    const auto& g = need(group, "torchamp_process_group_size", "group");
+    need(size, "torchamp_process_group_size", "size");
+#if TORCHAMP_WITH_DISTRIBUTED
+    *size = g.group->getSize();
+#else
+    (void)g;
+    no_distributed("torchamp_process_group_size");
+#endif
+  });
+}
+
+void torchamp_process_group_free(torchamp_process_group* group) { delete group; }
+
+torchamp_status torchamp_destroy_process_group(void) {
+  return guarded([&] {
+#if TORCHAMP_WITH_DISTRIBUTED
+    torchamp::destroy_process_group();
+#else
+    no_distributed("torchamp_destroy_process_group");
+#endif
+  });
+}
+
+torchamp_status torchamp_scaler_set_process_group(torchamp_scaler* scaler,
+                                                  torchamp_process_group* group) {
+  return guarded([&] {
+    auto& s = need(scaler, "torchamp_scaler_set_process_group", "scaler");
+#if TORCHAMP_WITH_DISTRIBUTED
+    auto g = group != nullptr ? group->group : c10::intrusive_ptr<c10d::ProcessGroup>();
+    s.visit([&](auto& sc) { torchamp::set_process_group(sc, g); });
+#else
+    (void)s, (void)group;
+    no_distributed("torchamp_scaler_set_process_group");
+#endif
+  });
+}
+
+void torchamp_ddp_options_default(torchamp_ddp_options* options) {
+  if (options != nullptr) {
+    *options = torchamp_ddp_options{0.0, 0, 0, 1, 0};
+  }
+}
+
+torchamp_status torchamp_ddp_new(torchamp_process_group* group, torchamp_tensor* const* params,
+                                 size_t count, const torchamp_ddp_options* options,
+                                 torchamp_ddp** out) {
+  return make_into(out, "torchamp_ddp_new", [&] {
+    auto& g = need(group, "torchamp_ddp_new", "group");
+    std::vector<at::Tensor> tensors = tensors_of(params, count, "torchamp_ddp_new", "params");
+#if TORCHAMP_WITH_DISTRIBUTED
+    torchamp_ddp_options o;
+    torchamp_ddp_options_default(&o);
+    if (options != nullptr) {
+      o = *options;
+    }
+    torchamp::DistributedDataParallelOptions ddp_options;
+    ddp_options.find_unused_parameters(o.find_unused_parameters != 0)
+        .gradient_as_bucket_view(o.gradient_as_bucket_view != 0)
+        .average_gradients(o.average_gradients != 0);
+    if (o.bucket_cap_mb > 0) {
+      ddp_options.bucket_cap_mb(o.bucket_cap_mb);
+    }
+    // A module that holds the caller's tensors themselves (no copies), named
+    // by position as the Reducer needs names only for its messages.
+    auto module = std::make_shared<torch::nn::Module>("torchamp_c_parameters");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      module->register_parameter(std::to_string(i), tensors[i],
+                                 tensors[i].requires_grad());
+    }
+    return std::make_unique<torchamp_ddp>(
+        torchamp::DistributedDataParallel(module, g.group, ddp_options));
+#else
+    (void)g, (void)options;
+    no_distributed("torchamp_ddp_new");
+    return std::unique_ptr<torchamp_ddp>();
+#endif
+  });
+}
+
+torchamp_status torchamp_ddp_prepare_backward(torchamp_ddp* ddp, torchamp_tensor* const* outputs,
+                                              size_t count) {
+  return guarded([&] {
+    auto& d = need(ddp, "torchamp_ddp_prepare_backward", "ddp");
+    std::vector<at::Tensor> tensors =
+        tensors_of(outputs, count, "torchamp_ddp_prepare_backward", "outputs");
+#if TORCHAMP_WITH_DISTRIBUTED
+    // The forward already ran in the caller's binding: DDP's work before and
+    // after it (the module has no buffers to broadcast first).
+    d.ddp.forward([&] { return tensors; });
+#else
+    (void)d;
+    no_distributed("torchamp_ddp_prepare_backward");
+#endif
+  });
+}
+
+void torchamp_ddp_free(torchamp_ddp* ddp) { delete ddp; }
+
+}  // extern "C"

@@ -1,0 +1,48 @@
+cmake_minimum_required(VERSION 3.18)
+# A binding test: runs the C++ reference (reference.cpp) and a program that
+# drives the C ABI from another language, and fails unless the program's
+# trace equals the reference's line for line; then the reference loads the
+# scaler and optimizer checkpoints the program wrote.
+#   -DREFERENCE=<binding_reference> -DWORK=<dir> -DNAME=<language>
+#   -DPROGRAM=<command;args...>   run with TORCHAMP_TRACE and TORCHAMP_CHECKPOINT_DIR set
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}/checkpoint")
+execute_process(COMMAND "${REFERENCE}" OUTPUT_FILE "${WORK}/reference.txt"
+                RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the C++ reference failed: ${rc}")
+endif()
+set(ENV{TORCHAMP_TRACE} "${WORK}/${NAME}.txt")
+set(ENV{TORCHAMP_CHECKPOINT_DIR} "${WORK}/checkpoint")
+execute_process(COMMAND ${PROGRAM} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the ${NAME} program failed (${rc}):\n${out}")
+endif()
+file(STRINGS "${WORK}/reference.txt" expected)
+file(STRINGS "${WORK}/${NAME}.txt" got)
+list(LENGTH expected n_expected)
+list(LENGTH got n_got)
+if(n_expected LESS 20)
+  message(FATAL_ERROR "the reference trace has ${n_expected} lines")
+endif()
+math(EXPR last "${n_expected} - 1")
+foreach(i RANGE ${last})
+  list(GET expected ${i} e)
+  set(g "(missing)")
+  if(i LESS n_got)
+    list(GET got ${i} g)
+  endif()
+  if(NOT e STREQUAL g)
+    math(EXPR line "${i} + 1")
+    message(FATAL_ERROR "line ${line} differs:\n  C++:     ${e}\n  ${NAME}: ${g}")
+  endif()
+endforeach()
+if(NOT n_got EQUAL n_expected)
+  message(FATAL_ERROR "the ${NAME} trace has ${n_got} lines, the reference ${n_expected}")
+endif()
+execute_process(COMMAND "${REFERENCE}" CHECK "${WORK}/checkpoint" RESULT_VARIABLE rc
+                ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the C++ side did not load what ${NAME} saved: ${err}")
+endif()
+message(STATUS "${NAME}: ${n_got} lines equal the C++ reference's; ${err}")
