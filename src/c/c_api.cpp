@@ -238,7 +238,8 @@ torchamp_status torchamp_optimizer_master_weight(const torchamp_optimizer* optim
     const auto& opt = need(optimizer, "torchamp_optimizer_master_weight", "optimizer");
     const auto& p = tensor_of(&need(param, "torchamp_optimizer_master_weight", "param"));
     need(out, "torchamp_optimizer_master_weight", "out");
-    *out = new_handle(opt.master_weight(p));
+    at::Tensor master = opt.master_weight(p);
+    *out = master.defined() ? new_handle(std::move(master)) : nullptr;
   });
 }
 

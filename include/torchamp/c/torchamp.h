@@ -136,7 +136,8 @@ TORCHAMP_C_API torchamp_status torchamp_optimizer_save(const torchamp_optimizer*
                                                        const char* path);
 TORCHAMP_C_API torchamp_status torchamp_optimizer_load(torchamp_optimizer* optimizer,
                                                        const char* path);
-/* The float32 master copy of a parameter (master_weights only): a new handle. */
+/* The float32 master copy of a parameter: a new handle, or NULL before the
+ * parameter's first step and without master_weights. */
 TORCHAMP_C_API torchamp_status torchamp_optimizer_master_weight(
     const torchamp_optimizer* optimizer, const torchamp_tensor* param, torchamp_tensor** out);
 

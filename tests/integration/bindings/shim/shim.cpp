@@ -75,6 +75,10 @@ double shim_clip_grad_norm(torchamp_tensor* const* params, size_t count, double 
   return torch::nn::utils::clip_grad_norm_(ps, max_norm);
 }
 
+int32_t shim_dtype(const torchamp_tensor* tensor) {
+  return static_cast<int32_t>(t(tensor).scalar_type());
+}
+
 void shim_free(torchamp_tensor* tensor) { delete reinterpret_cast<at::Tensor*>(tensor); }
 
 }  // extern "C"

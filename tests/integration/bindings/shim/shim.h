@@ -37,6 +37,8 @@ TORCHAMP_C_API double shim_value(const torchamp_tensor* tensor, int64_t index);
 /* torch::nn::utils::clip_grad_norm_(params, max_norm) */
 TORCHAMP_C_API double shim_clip_grad_norm(torchamp_tensor* const* params, size_t count,
                                           double max_norm);
+/* The tensor's c10::ScalarType number. */
+TORCHAMP_C_API int32_t shim_dtype(const torchamp_tensor* tensor);
 TORCHAMP_C_API void shim_free(torchamp_tensor* tensor);
 
 #ifdef __cplusplus
