@@ -29,7 +29,9 @@ namespace {
 thread_local std::string last_error;
 thread_local torchamp_status last_status = TORCHAMP_OK;
 
-StateDict empty_state() { return StateDict(c10::StringType::get(), c10::AnyType::get()); }
+StateDict empty_state() {
+  return StateDict(c10::StringType::get(), c10::AnyType::get());
+}
 
 std::string read_file(const char* path) {
   std::ifstream in(path, std::ios::binary);
@@ -48,8 +50,7 @@ torchamp_optimizer* wrap_optimizer(std::unique_ptr<optim::Fused<Base>> typed) {
 
 template <class Base, class Options>
 std::unique_ptr<torchamp_optimizer> new_adam(torchamp_tensor* const* params, size_t count,
-                                             const torchamp_adam_options& o,
-                                             const char* function) {
+                                             const torchamp_adam_options& o, const char* function) {
   Options options(o.lr);
   options.betas(std::make_tuple(o.beta1, o.beta2))
       .eps(o.eps)
@@ -102,12 +103,22 @@ struct torchamp_autocast {
 
 extern "C" {
 
-const char* torchamp_last_error(void) { return last_error.c_str(); }
-torchamp_status torchamp_last_status(void) { return last_status; }
-const char* torchamp_version(void) { return TORCHAMP_VERSION; }
-int32_t torchamp_abi_version(void) { return TORCHAMP_C_ABI_VERSION; }
+const char* torchamp_last_error(void) {
+  return last_error.c_str();
+}
+torchamp_status torchamp_last_status(void) {
+  return last_status;
+}
+const char* torchamp_version(void) {
+  return TORCHAMP_VERSION;
+}
+int32_t torchamp_abi_version(void) {
+  return TORCHAMP_C_ABI_VERSION;
+}
 
-void torchamp_tensor_free(torchamp_tensor* tensor) { delete reinterpret_cast<at::Tensor*>(tensor); }
+void torchamp_tensor_free(torchamp_tensor* tensor) {
+  delete reinterpret_cast<at::Tensor*>(tensor);
+}
 
 // ---- state dicts ----
 
@@ -122,7 +133,9 @@ torchamp_status torchamp_state_entries(const torchamp_state* state, const torcha
   });
 }
 
-void torchamp_state_free(torchamp_state* state) { delete state; }
+void torchamp_state_free(torchamp_state* state) {
+  delete state;
+}
 
 // ---- optimizers ----
 
@@ -175,8 +188,7 @@ torchamp_status torchamp_adam_new(torchamp_tensor* const* params, size_t count,
 }
 
 torchamp_status torchamp_adamw_new(torchamp_tensor* const* params, size_t count,
-                                   const torchamp_adam_options* options,
-                                   torchamp_optimizer** out) {
+                                   const torchamp_adam_options* options, torchamp_optimizer** out) {
   return make_into(out, "torchamp_adamw_new", [&] {
     torchamp_adam_options o;
     torchamp_adamw_options_default(&o);
@@ -185,7 +197,9 @@ torchamp_status torchamp_adamw_new(torchamp_tensor* const* params, size_t count,
   });
 }
 
-void torchamp_optimizer_free(torchamp_optimizer* optimizer) { delete optimizer; }
+void torchamp_optimizer_free(torchamp_optimizer* optimizer) {
+  delete optimizer;
+}
 
 torchamp_status torchamp_optimizer_step(torchamp_optimizer* optimizer) {
   return guarded([&] { need(optimizer, "torchamp_optimizer_step", "optimizer").impl->step(); });
@@ -250,11 +264,16 @@ void torchamp_scaler_options_default(torchamp_scaler_options* options) {
     return;
   }
   const torchamp::GradScalerOptions d;
-  *options = torchamp_scaler_options{d.init_scale(),       d.growth_factor(),
-                                     d.backoff_factor(),   d.growth_interval(),
-                                     d.backoff_interval(), d.min_scale(),
-                                     d.max_consecutive_skips(), d.enabled() ? 1 : 0,
-                                     d.dynamic() ? 1 : 0,  d.unscale_float16() ? 1 : 0,
+  *options = torchamp_scaler_options{d.init_scale(),
+                                     d.growth_factor(),
+                                     d.backoff_factor(),
+                                     d.growth_interval(),
+                                     d.backoff_interval(),
+                                     d.min_scale(),
+                                     d.max_consecutive_skips(),
+                                     d.enabled() ? 1 : 0,
+                                     d.dynamic() ? 1 : 0,
+                                     d.unscale_float16() ? 1 : 0,
                                      0};
 }
 
@@ -272,8 +291,7 @@ void torchamp_paddle_options_default(torchamp_paddle_options* options) {
                                      d.is_use_dynamic_loss_scaling() ? 1 : 0};
 }
 
-torchamp_status torchamp_scaler_new(const torchamp_scaler_options* options,
-                                    torchamp_scaler** out) {
+torchamp_status torchamp_scaler_new(const torchamp_scaler_options* options, torchamp_scaler** out) {
   return make_into(out, "torchamp_scaler_new", [&] {
     torchamp_scaler_options o;
     torchamp_scaler_options_default(&o);
@@ -281,19 +299,18 @@ torchamp_status torchamp_scaler_new(const torchamp_scaler_options* options,
       o = *options;
     }
     auto handle = std::make_unique<torchamp_scaler>();
-    handle->core = std::make_unique<torchamp::GradScaler>(torchamp::GradScalerOptions()
-                                                              .init_scale(o.init_scale)
-                                                              .growth_factor(o.growth_factor)
-                                                              .backoff_factor(o.backoff_factor)
-                                                              .growth_interval(o.growth_interval)
-                                                              .backoff_interval(o.backoff_interval)
-                                                              .min_scale(o.min_scale)
-                                                              .max_consecutive_skips(
-                                                                  o.max_consecutive_skips)
-                                                              .enabled(o.enabled != 0)
-                                                              .dynamic(o.dynamic != 0)
-                                                              .unscale_float16(
-                                                                  o.unscale_float16 != 0));
+    handle->core =
+        std::make_unique<torchamp::GradScaler>(torchamp::GradScalerOptions()
+                                                   .init_scale(o.init_scale)
+                                                   .growth_factor(o.growth_factor)
+                                                   .backoff_factor(o.backoff_factor)
+                                                   .growth_interval(o.growth_interval)
+                                                   .backoff_interval(o.backoff_interval)
+                                                   .min_scale(o.min_scale)
+                                                   .max_consecutive_skips(o.max_consecutive_skips)
+                                                   .enabled(o.enabled != 0)
+                                                   .dynamic(o.dynamic != 0)
+                                                   .unscale_float16(o.unscale_float16 != 0));
     return handle;
   });
 }
@@ -314,7 +331,9 @@ torchamp_status torchamp_paddle_scaler_new(const torchamp_paddle_options* option
   });
 }
 
-void torchamp_scaler_free(torchamp_scaler* scaler) { delete scaler; }
+void torchamp_scaler_free(torchamp_scaler* scaler) {
+  delete scaler;
+}
 
 torchamp_status torchamp_scaler_scale(torchamp_scaler* scaler, const torchamp_tensor* output,
                                       torchamp_tensor** out) {
@@ -363,9 +382,9 @@ torchamp_status torchamp_scaler_step(torchamp_scaler* scaler, torchamp_optimizer
 }
 
 torchamp_status torchamp_scaler_update(torchamp_scaler* scaler) {
-  return guarded([&] { need(scaler, "torchamp_scaler_update", "scaler").visit([](auto& sc) {
-                       sc.update();
-                     }); });
+  return guarded([&] {
+    need(scaler, "torchamp_scaler_update", "scaler").visit([](auto& sc) { sc.update(); });
+  });
 }
 
 torchamp_status torchamp_scaler_update_to(torchamp_scaler* scaler, double new_scale) {
@@ -471,8 +490,8 @@ torchamp_status torchamp_scaler_load(torchamp_scaler* scaler, const char* path) 
     need(path, "torchamp_scaler_load", "path");
     const std::string bytes = read_file(path);
     const c10::IValue value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-    TORCH_CHECK_VALUE(value.isGenericDict(), "torchamp_scaler_load: '", path,
-                      "' holds a ", value.tagKind(), ", not a state dict");
+    TORCH_CHECK_VALUE(value.isGenericDict(), "torchamp_scaler_load: '", path, "' holds a ",
+                      value.tagKind(), ", not a state dict");
     s.visit([&](auto& sc) { sc.load_state_dict(value.toGenericDict()); });
   });
 }
@@ -486,12 +505,11 @@ torchamp_status torchamp_autocast_enter(int32_t device_type, int32_t dtype, int3
                       "torchamp_autocast_enter: device_type must be TORCHAMP_DEVICE_CPU (0) or "
                       "TORCHAMP_DEVICE_CUDA (1), got ",
                       device_type);
-    TORCH_CHECK_VALUE(
-        dtype == TORCHAMP_DTYPE_DEFAULT ||
-            (dtype >= 0 && dtype < static_cast<int32_t>(c10::ScalarType::NumOptions)),
-        "torchamp_autocast_enter: dtype must be TORCHAMP_DTYPE_DEFAULT (-1) or a "
-        "c10::ScalarType, got ",
-        dtype);
+    TORCH_CHECK_VALUE(dtype == TORCHAMP_DTYPE_DEFAULT ||
+                          (dtype >= 0 && dtype < static_cast<int32_t>(c10::ScalarType::NumOptions)),
+                      "torchamp_autocast_enter: dtype must be TORCHAMP_DTYPE_DEFAULT (-1) or a "
+                      "c10::ScalarType, got ",
+                      dtype);
     const auto device = static_cast<c10::DeviceType>(device_type);
     std::optional<at::ScalarType> type;
     if (dtype != TORCHAMP_DTYPE_DEFAULT) {
@@ -505,6 +523,8 @@ torchamp_status torchamp_autocast_exit(torchamp_autocast* guard) {
   return guarded([&] { need(guard, "torchamp_autocast_exit", "guard").guard.exit(); });
 }
 
-void torchamp_autocast_free(torchamp_autocast* guard) { delete guard; }
+void torchamp_autocast_free(torchamp_autocast* guard) {
+  delete guard;
+}
 
 }  // extern "C"

@@ -92,7 +92,9 @@ torchamp_status torchamp_process_group_size(const torchamp_process_group* group,
   });
 }
 
-void torchamp_process_group_free(torchamp_process_group* group) { delete group; }
+void torchamp_process_group_free(torchamp_process_group* group) {
+  delete group;
+}
 
 torchamp_status torchamp_destroy_process_group(void) {
   return guarded([&] {
@@ -147,8 +149,7 @@ torchamp_status torchamp_ddp_new(torchamp_process_group* group, torchamp_tensor*
     // by position as the Reducer needs names only for its messages.
     auto module = std::make_shared<torch::nn::Module>("torchamp_c_parameters");
     for (size_t i = 0; i < tensors.size(); ++i) {
-      module->register_parameter(std::to_string(i), tensors[i],
-                                 tensors[i].requires_grad());
+      module->register_parameter(std::to_string(i), tensors[i], tensors[i].requires_grad());
     }
     return std::make_unique<torchamp_ddp>(
         torchamp::DistributedDataParallel(module, g.group, ddp_options));
@@ -177,6 +178,8 @@ torchamp_status torchamp_ddp_prepare_backward(torchamp_ddp* ddp, torchamp_tensor
   });
 }
 
-void torchamp_ddp_free(torchamp_ddp* ddp) { delete ddp; }
+void torchamp_ddp_free(torchamp_ddp* ddp) {
+  delete ddp;
+}
 
 }  // extern "C"

@@ -8,7 +8,7 @@ if(NOT version MATCHES "version 14\\.")
 endif()
 file(GLOB_RECURSE files RELATIVE "${ROOT}"
   "${ROOT}/include/*.h" "${ROOT}/src/*.h" "${ROOT}/src/*.cpp" "${ROOT}/tests/*.h"
-  "${ROOT}/tests/*.cpp" "${ROOT}/examples/*.cpp" "${ROOT}/apps/*.cpp" "${ROOT}/apps/*.h"
+  "${ROOT}/tests/*.cpp" "${ROOT}/tests/*.c" "${ROOT}/examples/*.cpp" "${ROOT}/apps/*.cpp" "${ROOT}/apps/*.h"
   "${ROOT}/bench/*.cpp")
 set(bad "")
 foreach(f IN LISTS files)

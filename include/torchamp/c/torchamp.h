@@ -78,7 +78,8 @@ typedef struct torchamp_entry {
 /* A state dict returned by torchamp_scaler_state_dict; it owns its keys. */
 typedef struct torchamp_state torchamp_state;
 TORCHAMP_C_API torchamp_status torchamp_state_entries(const torchamp_state* state,
-                                                      const torchamp_entry** entries, size_t* count);
+                                                      const torchamp_entry** entries,
+                                                      size_t* count);
 TORCHAMP_C_API void torchamp_state_free(torchamp_state* state);
 
 /* ---- optimizers: torchamp::optim::SGD, Adam, AdamW ---- */
@@ -138,8 +139,9 @@ TORCHAMP_C_API torchamp_status torchamp_optimizer_load(torchamp_optimizer* optim
                                                        const char* path);
 /* The float32 master copy of a parameter: a new handle, or NULL before the
  * parameter's first step and without master_weights. */
-TORCHAMP_C_API torchamp_status torchamp_optimizer_master_weight(
-    const torchamp_optimizer* optimizer, const torchamp_tensor* param, torchamp_tensor** out);
+TORCHAMP_C_API torchamp_status torchamp_optimizer_master_weight(const torchamp_optimizer* optimizer,
+                                                                const torchamp_tensor* param,
+                                                                torchamp_tensor** out);
 
 /* ---- scalers: torchamp::GradScaler and torchamp::paddle::GradScaler ---- */
 
@@ -202,8 +204,7 @@ TORCHAMP_C_API torchamp_status torchamp_scaler_step(torchamp_scaler* scaler,
 /* update(): grow or back off the scale. */
 TORCHAMP_C_API torchamp_status torchamp_scaler_update(torchamp_scaler* scaler);
 /* update(new_scale): set the scale. */
-TORCHAMP_C_API torchamp_status torchamp_scaler_update_to(torchamp_scaler* scaler,
-                                                         double new_scale);
+TORCHAMP_C_API torchamp_status torchamp_scaler_update_to(torchamp_scaler* scaler, double new_scale);
 TORCHAMP_C_API torchamp_status torchamp_scaler_get_scale(const torchamp_scaler* scaler,
                                                          double* scale);
 /* state_dict(): PyTorch's keys and torchamp's (Paddle's for a Paddle

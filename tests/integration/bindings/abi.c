@@ -22,28 +22,28 @@
 static int failures = 0;
 static int rank = -1;
 
-#define EXPECT(cond)                                                                          \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
-      fprintf(stderr, "[rank %d] %s:%d: expected %s (last error: %s)\n", rank, __FILE__,      \
-              __LINE__, #cond, torchamp_last_error());                                        \
-      ++failures;                                                                             \
-    }                                                                                         \
+#define EXPECT(cond)                                                                               \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      fprintf(stderr, "[rank %d] %s:%d: expected %s (last error: %s)\n", rank, __FILE__, __LINE__, \
+              #cond, torchamp_last_error());                                                       \
+      ++failures;                                                                                  \
+    }                                                                                              \
   } while (0)
 
 #define OK(call) EXPECT((call) == TORCHAMP_OK)
 
 /* A call fails with `status` and a message containing `text`. */
-#define FAILS(call, status, text)                                                             \
-  do {                                                                                        \
-    torchamp_status got_ = (call);                                                            \
-    EXPECT(got_ == (status));                                                                 \
-    EXPECT(torchamp_last_status() == (status));                                               \
-    if (strstr(torchamp_last_error(), (text)) == NULL) {                                      \
-      fprintf(stderr, "%s:%d: message '%s' lacks '%s'\n", __FILE__, __LINE__,                \
-              torchamp_last_error(), (text));                                                 \
-      ++failures;                                                                             \
-    }                                                                                         \
+#define FAILS(call, status, text)                                             \
+  do {                                                                        \
+    torchamp_status got_ = (call);                                            \
+    EXPECT(got_ == (status));                                                 \
+    EXPECT(torchamp_last_status() == (status));                               \
+    if (strstr(torchamp_last_error(), (text)) == NULL) {                      \
+      fprintf(stderr, "%s:%d: message '%s' lacks '%s'\n", __FILE__, __LINE__, \
+              torchamp_last_error(), (text));                                 \
+      ++failures;                                                             \
+    }                                                                         \
   } while (0)
 
 /* The value of `key` in a scaler's state dict (NAN if absent). */
@@ -52,10 +52,12 @@ static double state_value(const torchamp_scaler* scaler, const char* key) {
   const torchamp_entry* e;
   size_t n;
   double value = NAN;
-  if (torchamp_scaler_state_dict(scaler, &state) != TORCHAMP_OK) return NAN;
+  if (torchamp_scaler_state_dict(scaler, &state) != TORCHAMP_OK)
+    return NAN;
   OK(torchamp_state_entries(state, &e, &n));
   for (size_t i = 0; i < n; ++i) {
-    if (strcmp(e[i].key, key) == 0) value = e[i].kind == TORCHAMP_KIND_DOUBLE ? e[i].f : e[i].i;
+    if (strcmp(e[i].key, key) == 0)
+      value = e[i].kind == TORCHAMP_KIND_DOUBLE ? e[i].f : e[i].i;
   }
   torchamp_state_free(state);
   return value;
@@ -381,7 +383,8 @@ static int distributed_rank(const char* work) {
   out = shim_linear(x, w, b);
   loss = shim_mse_loss(out, y);
   shim_backward(loss);
-  for (int i = 0; i < 5; ++i) local[i] = (float)shim_grad_item(i < 4 ? w : b, i < 4 ? i : 0);
+  for (int i = 0; i < 5; ++i)
+    local[i] = (float)shim_grad_item(i < 4 ? w : b, i < 4 ? i : 0);
   snprintf(path, sizeof path, "%s/grads%d", work, rank);
   {
     FILE* f = fopen(path, "wb");
@@ -410,7 +413,8 @@ static int distributed_rank(const char* work) {
   {
     FILE* f = fopen(path, "rb");
     EXPECT(f != NULL && fread(other, sizeof other, 1, f) == 1);
-    if (f != NULL) fclose(f);
+    if (f != NULL)
+      fclose(f);
   }
   for (int i = 0; i < 5; ++i) {
     const float averaged = (float)shim_grad_item(i < 4 ? w : b, i < 4 ? i : 0);
@@ -487,6 +491,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "rank 1 failed\n");
     ++failures;
   }
-  if (failures == 0) printf("binding_abi: every check passed\n");
+  if (failures == 0)
+    printf("binding_abi: every check passed\n");
   return failures == 0 ? 0 : 1;
 }

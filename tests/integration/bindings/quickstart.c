@@ -10,14 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define OK(call)                                                                      \
-  do {                                                                                \
-    torchamp_status status_ = (call);                                                 \
-    if (status_ != TORCHAMP_OK) {                                                     \
+#define OK(call)                                                                        \
+  do {                                                                                  \
+    torchamp_status status_ = (call);                                                   \
+    if (status_ != TORCHAMP_OK) {                                                       \
       fprintf(stderr, "%s:%d: %s: status %d: %s\n", __FILE__, __LINE__, #call, status_, \
-              torchamp_last_error());                                                 \
-      exit(1);                                                                        \
-    }                                                                                 \
+              torchamp_last_error());                                                   \
+      exit(1);                                                                          \
+    }                                                                                   \
   } while (0)
 
 static uint32_t bits32(float f) {
@@ -53,7 +53,8 @@ static int same_state(const torchamp_state* a, const torchamp_state* b) {
   size_t na, nb;
   OK(torchamp_state_entries(a, &ea, &na));
   OK(torchamp_state_entries(b, &eb, &nb));
-  if (na != nb) return 0;
+  if (na != nb)
+    return 0;
   for (size_t i = 0; i < na; ++i) {
     if (strcmp(ea[i].key, eb[i].key) != 0 || ea[i].kind != eb[i].kind ||
         bits64(ea[i].f) != bits64(eb[i].f) || ea[i].i != eb[i].i)
@@ -85,8 +86,8 @@ static void iterate(int i, torchamp_scaler* scaler) {
   OK(torchamp_scaler_step(scaler, optimizer, &stepped));
   OK(torchamp_scaler_update(scaler));
   OK(torchamp_scaler_get_scale(scaler, &scale));
-  printf("step %d loss %08" PRIx32 " scale %016" PRIx64 " stepped %d\n", i,
-         bits32(shim_item(loss)), bits64(scale), stepped);
+  printf("step %d loss %08" PRIx32 " scale %016" PRIx64 " stepped %d\n", i, bits32(shim_item(loss)),
+         bits64(scale), stepped);
   shim_free(scaled);
   shim_free(loss);
   shim_free(out);
@@ -94,21 +95,21 @@ static void iterate(int i, torchamp_scaler* scaler) {
 
 /* Runs a call that must fail; prints its status and message, and whether the
  * scaler's state is unchanged. */
-#define EXPECT_ERROR(name, scaler, call)                                              \
-  do {                                                                                \
-    torchamp_state *before_, *after_;                                                 \
-    torchamp_status status_;                                                          \
-    OK(torchamp_scaler_state_dict(scaler, &before_));                                 \
-    status_ = (call);                                                                 \
-    if (status_ == TORCHAMP_OK || torchamp_last_status() != status_) {                \
-      fprintf(stderr, "%s: expected an error, got status %d\n", name, status_);      \
-      exit(1);                                                                        \
-    }                                                                                 \
-    printf("error %s %d %s\n", name, status_, torchamp_last_error());                 \
-    OK(torchamp_scaler_state_dict(scaler, &after_));                                  \
-    printf("unchanged %d\n", same_state(before_, after_));                            \
-    torchamp_state_free(before_);                                                     \
-    torchamp_state_free(after_);                                                      \
+#define EXPECT_ERROR(name, scaler, call)                                        \
+  do {                                                                          \
+    torchamp_state *before_, *after_;                                           \
+    torchamp_status status_;                                                    \
+    OK(torchamp_scaler_state_dict(scaler, &before_));                           \
+    status_ = (call);                                                           \
+    if (status_ == TORCHAMP_OK || torchamp_last_status() != status_) {          \
+      fprintf(stderr, "%s: expected an error, got status %d\n", name, status_); \
+      exit(1);                                                                  \
+    }                                                                           \
+    printf("error %s %d %s\n", name, status_, torchamp_last_error());           \
+    OK(torchamp_scaler_state_dict(scaler, &after_));                            \
+    printf("unchanged %d\n", same_state(before_, after_));                      \
+    torchamp_state_free(before_);                                               \
+    torchamp_state_free(after_);                                                \
   } while (0)
 
 int main(void) {
@@ -144,7 +145,8 @@ int main(void) {
 
   printf("run quickstart\n");
   OK(torchamp_scaler_new(NULL, &scaler));
-  for (int i = 0; i < 3; ++i) iterate(i, scaler);
+  for (int i = 0; i < 3; ++i)
+    iterate(i, scaler);
   {
     torchamp_tensor *out, *loss, *scaled;
     double norm, scale;
@@ -171,7 +173,8 @@ int main(void) {
   options.init_scale = ldexp(1.0, 127);
   options.growth_interval = 2;
   OK(torchamp_scaler_new(&options, &overflow));
-  for (int i = 0; i < 6; ++i) iterate(i, overflow);
+  for (int i = 0; i < 6; ++i)
+    iterate(i, overflow);
   print_state("state", overflow);
   OK(torchamp_scaler_new(NULL, &loaded));
   OK(torchamp_scaler_state_dict(overflow, &state));
@@ -215,10 +218,12 @@ int main(void) {
     torchamp_entry garbled[16];
     OK(torchamp_scaler_state_dict(overflow, &current));
     OK(torchamp_state_entries(current, &entries, &count));
-    if (count > 16) return 1;
+    if (count > 16)
+      return 1;
     memcpy(garbled, entries, count * sizeof *entries);
     for (size_t i = 0; i < count; ++i) {
-      if (strcmp(garbled[i].key, "scale") == 0) garbled[i].f = -1.0;
+      if (strcmp(garbled[i].key, "scale") == 0)
+        garbled[i].f = -1.0;
     }
     EXPECT_ERROR("garbled_state", overflow,
                  torchamp_scaler_load_state_dict(overflow, garbled, count));

@@ -96,8 +96,8 @@ struct Run {
   torch::nn::Linear model{4, 1};
   torch::optim::SGD optimizer{model->parameters(), torch::optim::SGDOptions(0.01)};
   std::vector<std::pair<torch::Tensor, torch::Tensor>> data;
-  torchamp::GradScaler overflow{torchamp::GradScalerOptions().init_scale(std::ldexp(1.0, 127))
-                                    .growth_interval(2)};
+  torchamp::GradScaler overflow{
+      torchamp::GradScalerOptions().init_scale(std::ldexp(1.0, 127)).growth_interval(2)};
 
   Run() {
     for (int i = 0; i < 3; ++i) {  // x before y (function arguments have no order)
@@ -154,18 +154,21 @@ struct Run {
     auto half = torch::full({1, 2}, 1.0, torch::kHalf).requires_grad_();
     half.mutable_grad() = torch::full({1, 2}, 1.0, torch::kHalf);
     torch::optim::SGD half_optimizer({half}, torch::optim::SGDOptions(0.01));
-    print_error("float16_gradient", [&] { fresh.unscale_(half_optimizer); }, fresh);
+    print_error(
+        "float16_gradient", [&] { fresh.unscale_(half_optimizer); }, fresh);
 
     auto& [x, y] = data[0];
     optimizer.zero_grad();
     overflow.scale(torch::nn::functional::mse_loss(model->forward(x), y)).backward();
     (void)overflow.step(optimizer);
-    print_error("step_twice", [&] { (void)overflow.step(optimizer); }, overflow);
+    print_error(
+        "step_twice", [&] { (void)overflow.step(optimizer); }, overflow);
     overflow.update();
 
     torchamp::StateDict garbled = overflow.state_dict();
     garbled.insert_or_assign("scale", -1.0);
-    print_error("garbled_state", [&] { overflow.load_state_dict(garbled); }, overflow);
+    print_error(
+        "garbled_state", [&] { overflow.load_state_dict(garbled); }, overflow);
     print_state("final", overflow.state_dict());
   }
 };

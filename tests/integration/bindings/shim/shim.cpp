@@ -2,8 +2,8 @@
 // ones the C++ quickstart makes, behind a C interface.
 #include "shim.h"
 
-#include <torch/nn/functional/loss.h>
 #include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
@@ -12,8 +12,12 @@
 #include <vector>
 
 namespace {
-at::Tensor& t(torchamp_tensor* h) { return *reinterpret_cast<at::Tensor*>(h); }
-const at::Tensor& t(const torchamp_tensor* h) { return *reinterpret_cast<const at::Tensor*>(h); }
+at::Tensor& t(torchamp_tensor* h) {
+  return *reinterpret_cast<at::Tensor*>(h);
+}
+const at::Tensor& t(const torchamp_tensor* h) {
+  return *reinterpret_cast<const at::Tensor*>(h);
+}
 torchamp_tensor* handle(at::Tensor x) {
   return reinterpret_cast<torchamp_tensor*>(new at::Tensor(std::move(x)));
 }
@@ -21,9 +25,13 @@ torchamp_tensor* handle(at::Tensor x) {
 
 extern "C" {
 
-void shim_manual_seed(uint64_t seed) { torch::manual_seed(seed); }
+void shim_manual_seed(uint64_t seed) {
+  torch::manual_seed(seed);
+}
 
-torchamp_tensor* shim_randn(int64_t rows, int64_t cols) { return handle(torch::randn({rows, cols})); }
+torchamp_tensor* shim_randn(int64_t rows, int64_t cols) {
+  return handle(torch::randn({rows, cols}));
+}
 
 torchamp_tensor* shim_full(int64_t rows, int64_t cols, double value, int32_t dtype,
                            int32_t requires_grad) {
@@ -47,9 +55,13 @@ torchamp_tensor* shim_mse_loss(const torchamp_tensor* out, const torchamp_tensor
   return handle(torch::nn::functional::mse_loss(t(out).to(torch::kFloat), t(y)));
 }
 
-void shim_backward(const torchamp_tensor* loss) { t(loss).backward(); }
+void shim_backward(const torchamp_tensor* loss) {
+  t(loss).backward();
+}
 
-float shim_item(const torchamp_tensor* scalar) { return t(scalar).item<float>(); }
+float shim_item(const torchamp_tensor* scalar) {
+  return t(scalar).item<float>();
+}
 
 void shim_set_grad(torchamp_tensor* param, const torchamp_tensor* grad) {
   t(param).mutable_grad() = t(grad).detach().clone();
@@ -79,6 +91,8 @@ int32_t shim_dtype(const torchamp_tensor* tensor) {
   return static_cast<int32_t>(t(tensor).scalar_type());
 }
 
-void shim_free(torchamp_tensor* tensor) { delete reinterpret_cast<at::Tensor*>(tensor); }
+void shim_free(torchamp_tensor* tensor) {
+  delete reinterpret_cast<at::Tensor*>(tensor);
+}
 
 }  // extern "C"
