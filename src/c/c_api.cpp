@@ -61,6 +61,14 @@ std::unique_ptr<torchamp_optimizer> new_adam(torchamp_tensor* const* params, siz
       optim::FusedOptions().master_weights(o.master_weights != 0))));
 }
 
+// LibTorch's defaults (PyTorch's) for Adam and AdamW.
+template <class Options>
+torchamp_adam_options adam_defaults(const Options& d) {
+  return torchamp_adam_options{d.lr(),  std::get<0>(d.betas()), std::get<1>(d.betas()),
+                               d.eps(), d.weight_decay(),       d.amsgrad() ? 1 : 0,
+                               0};
+}
+
 }  // namespace
 
 std::vector<at::Tensor> tensors_of(torchamp_tensor* const* handles, size_t count,
@@ -141,19 +149,22 @@ void torchamp_state_free(torchamp_state* state) {
 
 void torchamp_sgd_options_default(torchamp_sgd_options* options) {
   if (options != nullptr) {
-    *options = torchamp_sgd_options{1e-3, 0.0, 0.0, 0.0, 0, 0};
+    // LibTorch's SGDOptions has no default lr; PyTorch's is 1e-3.
+    const torch::optim::SGDOptions d(1e-3);
+    *options = torchamp_sgd_options{d.lr(),           d.momentum(),         d.dampening(),
+                                    d.weight_decay(), d.nesterov() ? 1 : 0, 0};
   }
 }
 
 void torchamp_adam_options_default(torchamp_adam_options* options) {
   if (options != nullptr) {
-    *options = torchamp_adam_options{1e-3, 0.9, 0.999, 1e-8, 0.0, 0, 0};
+    *options = adam_defaults(torch::optim::AdamOptions());
   }
 }
 
 void torchamp_adamw_options_default(torchamp_adam_options* options) {
   if (options != nullptr) {
-    *options = torchamp_adam_options{1e-3, 0.9, 0.999, 1e-8, 1e-2, 0, 0};
+    *options = adam_defaults(torch::optim::AdamWOptions());
   }
 }
 
