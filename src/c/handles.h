@@ -78,6 +78,8 @@ torchamp_status guarded(F&& body) noexcept {
     return fail(TORCHAMP_VALUE_ERROR, e.what_without_backtrace());
   } catch (const c10::NotImplementedError& e) {
     return fail(TORCHAMP_NOT_IMPLEMENTED_ERROR, e.what_without_backtrace());
+  } catch (const c10::OutOfMemoryError& e) {  // a device allocator's
+    return fail(TORCHAMP_OUT_OF_MEMORY, e.what_without_backtrace());
   } catch (const c10::Error& e) {
     return fail(TORCHAMP_RUNTIME_ERROR, e.what_without_backtrace());
   } catch (const std::bad_alloc&) {

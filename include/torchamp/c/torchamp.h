@@ -38,7 +38,7 @@ enum {
   TORCHAMP_VALUE_ERROR = 2,           /* c10::ValueError: a bad value */
   TORCHAMP_TYPE_ERROR = 3,            /* c10::TypeError, or a NULL where a handle belongs */
   TORCHAMP_NOT_IMPLEMENTED_ERROR = 4, /* c10::NotImplementedError: an unsupported dtype */
-  TORCHAMP_OUT_OF_MEMORY = 5
+  TORCHAMP_OUT_OF_MEMORY = 5          /* std::bad_alloc, c10::OutOfMemoryError (a GPU's) */
 };
 
 /* The message of this thread's last failed call ("" before any); valid
