@@ -22,7 +22,8 @@ int main() {
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01));
   std::vector<std::pair<torch::Tensor, torch::Tensor>> dataloader;
   for (int i = 0; i < 3; ++i) {
-    dataloader.emplace_back(torch::randn({8, 4}, device), torch::randn({8, 1}, device));
+    auto x = torch::randn({8, 4}, device);  // x first: arguments have no evaluation order
+    dataloader.emplace_back(x, torch::randn({8, 1}, device));
   }
 
   torchamp::GradScaler scaler;  // 2^16, x2 every 2000 clean steps, x0.5 on inf/NaN
