@@ -16,11 +16,10 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include <cstring>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <optional>
-#include <sstream>
 
 namespace torchamp {
 namespace c_api {
@@ -33,10 +32,10 @@ StateDict empty_state() {
   return StateDict(c10::StringType::get(), c10::AnyType::get());
 }
 
-std::string read_file(const char* path) {
+std::vector<char> read_file(const char* function, const char* path) {
   std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, "cannot open '", path, "' for reading");
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  TORCH_CHECK(in, function, ": cannot open '", path, "' for reading");
+  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 template <class Base>
@@ -67,6 +66,18 @@ torchamp_adam_options adam_defaults(const Options& d) {
   return torchamp_adam_options{d.lr(),  std::get<0>(d.betas()), std::get<1>(d.betas()),
                                d.eps(), d.weight_decay(),       d.amsgrad() ? 1 : 0,
                                0};
+}
+
+// Paddle's defaults, as its scaler's constructor has them (it allocates).
+torchamp_paddle_options paddle_defaults() {
+  const torchamp::paddle::GradScaler d;
+  return torchamp_paddle_options{d.get_init_loss_scaling(),
+                                 d.get_incr_ratio(),
+                                 d.get_decr_ratio(),
+                                 d.get_incr_every_n_steps(),
+                                 d.get_decr_every_n_nan_or_inf(),
+                                 d.is_enable() ? 1 : 0,
+                                 d.is_use_dynamic_loss_scaling() ? 1 : 0};
 }
 
 }  // namespace
@@ -219,18 +230,24 @@ torchamp_status torchamp_optimizer_step(torchamp_optimizer* optimizer) {
 torchamp_status torchamp_optimizer_zero_grad(torchamp_optimizer* optimizer, int32_t set_to_none) {
   return guarded([&] {
     auto& opt = *need(optimizer, "torchamp_optimizer_zero_grad", "optimizer").impl;
-    // LibTorch's zero_grad, whose set_to_none argument 1.13 lacks.
+    // Python's Optimizer.zero_grad (LibTorch 1.13's has no set_to_none, and
+    // LibTorch's detach_ fails on DDP's bucket views, which have no grad_fn).
     for (auto& group : opt.param_groups()) {
       for (auto& p : group.params()) {
-        if (!p.mutable_grad().defined()) {
+        at::Tensor& grad = p.mutable_grad();
+        if (!grad.defined()) {
           continue;
         }
         if (set_to_none != 0) {
-          p.mutable_grad().reset();
-        } else {
-          p.mutable_grad().detach_();
-          p.mutable_grad().zero_();
+          grad.reset();
+          continue;
         }
+        if (grad.grad_fn()) {
+          grad.detach_();
+        } else {
+          grad.requires_grad_(false);
+        }
+        grad.zero_();
       }
     }
   });
@@ -288,18 +305,11 @@ void torchamp_scaler_options_default(torchamp_scaler_options* options) {
                                      0};
 }
 
-void torchamp_paddle_options_default(torchamp_paddle_options* options) {
-  if (options == nullptr) {
-    return;
-  }
-  const torchamp::paddle::GradScaler d;
-  *options = torchamp_paddle_options{d.get_init_loss_scaling(),
-                                     d.get_incr_ratio(),
-                                     d.get_decr_ratio(),
-                                     d.get_incr_every_n_steps(),
-                                     d.get_decr_every_n_nan_or_inf(),
-                                     d.is_enable() ? 1 : 0,
-                                     d.is_use_dynamic_loss_scaling() ? 1 : 0};
+torchamp_status torchamp_paddle_options_default(torchamp_paddle_options* options) {
+  return guarded([&] {
+    need(options, "torchamp_paddle_options_default", "options");
+    *options = paddle_defaults();
+  });
 }
 
 torchamp_status torchamp_scaler_new(const torchamp_scaler_options* options, torchamp_scaler** out) {
@@ -329,11 +339,7 @@ torchamp_status torchamp_scaler_new(const torchamp_scaler_options* options, torc
 torchamp_status torchamp_paddle_scaler_new(const torchamp_paddle_options* options,
                                            torchamp_scaler** out) {
   return make_into(out, "torchamp_paddle_scaler_new", [&] {
-    torchamp_paddle_options o;
-    torchamp_paddle_options_default(&o);
-    if (options != nullptr) {
-      o = *options;
-    }
+    const torchamp_paddle_options o = options != nullptr ? *options : paddle_defaults();
     auto handle = std::make_unique<torchamp_scaler>();
     handle->paddle = std::make_unique<torchamp::paddle::GradScaler>(
         o.enable != 0, o.init_loss_scaling, o.incr_ratio, o.decr_ratio, o.incr_every_n_steps,
@@ -487,11 +493,16 @@ torchamp_status torchamp_scaler_save(const torchamp_scaler* scaler, const char* 
     need(path, "torchamp_scaler_save", "path");
     const std::vector<char> bytes =
         torch::pickle_save(s.visit([](const auto& sc) { return sc.state_dict(); }));
-    std::ofstream file(path, std::ios::binary | std::ios::trunc);
-    TORCH_CHECK(file, "torchamp_scaler_save: cannot open '", path, "' for writing");
+    // Beside it first, then renamed over it: a failed save leaves the file as it was.
+    const std::string partial = std::string(path) + ".partial";
+    std::ofstream file(partial, std::ios::binary | std::ios::trunc);
+    TORCH_CHECK(file, "torchamp_scaler_save: cannot open '", partial, "' for writing");
     file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     file.close();
-    TORCH_CHECK(file, "torchamp_scaler_save: writing '", path, "' failed");
+    if (!file || std::rename(partial.c_str(), path) != 0) {
+      std::remove(partial.c_str());
+      TORCH_CHECK(false, "torchamp_scaler_save: writing '", path, "' failed");
+    }
   });
 }
 
@@ -499,8 +510,7 @@ torchamp_status torchamp_scaler_load(torchamp_scaler* scaler, const char* path) 
   return guarded([&] {
     auto& s = need(scaler, "torchamp_scaler_load", "scaler");
     need(path, "torchamp_scaler_load", "path");
-    const std::string bytes = read_file(path);
-    const c10::IValue value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    const c10::IValue value = torch::pickle_load(read_file("torchamp_scaler_load", path));
     TORCH_CHECK_VALUE(value.isGenericDict(), "torchamp_scaler_load: '", path, "' holds a ",
                       value.tagKind(), ", not a state dict");
     s.visit([&](auto& sc) { sc.load_state_dict(value.toGenericDict()); });

@@ -1,7 +1,8 @@
 // The C ABI's process groups and DDP: torchamp::init_process_group,
 // set_process_group and DistributedDataParallel over a module made of the
-// caller's parameters. Without distributed support every call here fails
-// with TORCHAMP_NOT_IMPLEMENTED_ERROR.
+// caller's parameters. Without distributed support every call here that
+// returns a status fails with TORCHAMP_NOT_IMPLEMENTED_ERROR, before any
+// other check.
 
 #include "c/handles.h"
 
@@ -33,13 +34,15 @@ using namespace torchamp::c_api;  // NOLINT: this file is the ABI's implementati
 
 namespace {
 
-#if !TORCHAMP_WITH_DISTRIBUTED
-[[noreturn]] void no_distributed(const char* function) {
+void require_distributed(const char* function) {
+#if TORCHAMP_WITH_DISTRIBUTED
+  (void)function;
+#else
   TORCH_CHECK_NOT_IMPLEMENTED(false, function,
                               ": this torchamp was built without distributed support "
                               "(TORCHAMP_WITH_DISTRIBUTED=OFF)");
-}
 #endif
+}
 
 }  // namespace
 
@@ -49,45 +52,44 @@ torchamp_status torchamp_init_process_group(const char* backend, const char* ini
                                             int32_t rank, int32_t world_size,
                                             torchamp_process_group** out) {
   return make_into(out, "torchamp_init_process_group", [&] {
+    require_distributed("torchamp_init_process_group");
+    auto handle = std::make_unique<torchamp_process_group>();
 #if TORCHAMP_WITH_DISTRIBUTED
     torchamp::ProcessGroupOptions options;
     options.backend(backend != nullptr ? backend : "").rank(rank).world_size(world_size);
     if (init_method != nullptr) {
       options.init_method(std::string(init_method));
     }
-    auto handle = std::make_unique<torchamp_process_group>();
     handle->group = torchamp::init_process_group(options);
-    return handle;
 #else
     (void)backend, (void)init_method, (void)rank, (void)world_size;
-    no_distributed("torchamp_init_process_group");
-    return std::unique_ptr<torchamp_process_group>();
 #endif
+    return handle;
   });
 }
 
 torchamp_status torchamp_process_group_rank(const torchamp_process_group* group, int32_t* rank) {
   return guarded([&] {
+    require_distributed("torchamp_process_group_rank");
     const auto& g = need(group, "torchamp_process_group_rank", "group");
     need(rank, "torchamp_process_group_rank", "rank");
 #if TORCHAMP_WITH_DISTRIBUTED
     *rank = g.group->getRank();
 #else
     (void)g;
-    no_distributed("torchamp_process_group_rank");
 #endif
   });
 }
 
 torchamp_status torchamp_process_group_size(const torchamp_process_group* group, int32_t* size) {
   return guarded([&] {
+    require_distributed("torchamp_process_group_size");
     const auto& g = need(group, "torchamp_process_group_size", "group");
     need(size, "torchamp_process_group_size", "size");
 #if TORCHAMP_WITH_DISTRIBUTED
     *size = g.group->getSize();
 #else
     (void)g;
-    no_distributed("torchamp_process_group_size");
 #endif
   });
 }
@@ -98,10 +100,9 @@ void torchamp_process_group_free(torchamp_process_group* group) {
 
 torchamp_status torchamp_destroy_process_group(void) {
   return guarded([&] {
+    require_distributed("torchamp_destroy_process_group");
 #if TORCHAMP_WITH_DISTRIBUTED
     torchamp::destroy_process_group();
-#else
-    no_distributed("torchamp_destroy_process_group");
 #endif
   });
 }
@@ -109,13 +110,13 @@ torchamp_status torchamp_destroy_process_group(void) {
 torchamp_status torchamp_scaler_set_process_group(torchamp_scaler* scaler,
                                                   torchamp_process_group* group) {
   return guarded([&] {
+    require_distributed("torchamp_scaler_set_process_group");
     auto& s = need(scaler, "torchamp_scaler_set_process_group", "scaler");
 #if TORCHAMP_WITH_DISTRIBUTED
     auto g = group != nullptr ? group->group : c10::intrusive_ptr<c10d::ProcessGroup>();
     s.visit([&](auto& sc) { torchamp::set_process_group(sc, g); });
 #else
     (void)s, (void)group;
-    no_distributed("torchamp_scaler_set_process_group");
 #endif
   });
 }
@@ -129,7 +130,8 @@ void torchamp_ddp_options_default(torchamp_ddp_options* options) {
 torchamp_status torchamp_ddp_new(torchamp_process_group* group, torchamp_tensor* const* params,
                                  size_t count, const torchamp_ddp_options* options,
                                  torchamp_ddp** out) {
-  return make_into(out, "torchamp_ddp_new", [&] {
+  return make_into(out, "torchamp_ddp_new", [&]() -> std::unique_ptr<torchamp_ddp> {
+    require_distributed("torchamp_ddp_new");
     auto& g = need(group, "torchamp_ddp_new", "group");
     std::vector<at::Tensor> tensors = tensors_of(params, count, "torchamp_ddp_new", "params");
 #if TORCHAMP_WITH_DISTRIBUTED
@@ -155,8 +157,7 @@ torchamp_status torchamp_ddp_new(torchamp_process_group* group, torchamp_tensor*
         torchamp::DistributedDataParallel(module, g.group, ddp_options));
 #else
     (void)g, (void)options;
-    no_distributed("torchamp_ddp_new");
-    return std::unique_ptr<torchamp_ddp>();
+    return nullptr;
 #endif
   });
 }
@@ -164,6 +165,7 @@ torchamp_status torchamp_ddp_new(torchamp_process_group* group, torchamp_tensor*
 torchamp_status torchamp_ddp_prepare_backward(torchamp_ddp* ddp, torchamp_tensor* const* outputs,
                                               size_t count) {
   return guarded([&] {
+    require_distributed("torchamp_ddp_prepare_backward");
     auto& d = need(ddp, "torchamp_ddp_prepare_backward", "ddp");
     std::vector<at::Tensor> tensors =
         tensors_of(outputs, count, "torchamp_ddp_prepare_backward", "outputs");
@@ -173,7 +175,6 @@ torchamp_status torchamp_ddp_prepare_backward(torchamp_ddp* ddp, torchamp_tensor
     d.ddp.forward([&] { return tensors; });
 #else
     (void)d;
-    no_distributed("torchamp_ddp_prepare_backward");
 #endif
   });
 }

@@ -7,9 +7,10 @@
  * TorchSharp, JavaCPP). docs/bindings.md has the conventions: handles and
  * who frees them, threads, and the error protocol.
  *
- * Every call returns a torchamp_status: TORCHAMP_OK, or the type of the error
- * with its message in torchamp_last_error(). No C++ exception crosses this
- * ABI, and a call that fails changes nothing. Pointers passed in are
+ * Every call that can fail returns a torchamp_status: TORCHAMP_OK, or the
+ * type of the error with its message in torchamp_last_error(); the others
+ * (the _free and most _default functions) cannot fail. No C++ exception
+ * crosses this ABI, and a call that fails changes nothing. Pointers passed in are
  * borrowed for the call; handles returned through an `out` pointer are new
  * and the caller frees them with their _free function. */
 
@@ -128,7 +129,9 @@ TORCHAMP_C_API torchamp_status torchamp_adamw_new(torchamp_tensor* const* params
 TORCHAMP_C_API void torchamp_optimizer_free(torchamp_optimizer* optimizer);
 /* optimizer.step() without a scaler. */
 TORCHAMP_C_API torchamp_status torchamp_optimizer_step(torchamp_optimizer* optimizer);
-/* Python's zero_grad(set_to_none): drops the gradients, or zeroes them. */
+/* Python's zero_grad(set_to_none): drops the gradients, or zeroes them in
+ * place (detached first only if they have a grad_fn, as Python does, so
+ * DDP's bucket views can be zeroed). */
 TORCHAMP_C_API torchamp_status torchamp_optimizer_zero_grad(torchamp_optimizer* optimizer,
                                                             int32_t set_to_none);
 /* torch::save(optimizer, path) / torch::load(optimizer, path): LibTorch's
@@ -174,11 +177,13 @@ typedef struct torchamp_paddle_options {
 } torchamp_paddle_options;
 
 /* The defaults: PyTorch's (2^16, x2, x0.5, every 2000) and Paddle's
- * (2^15, x2, x0.5, every 1000, after 2 overflows). */
+ * (2^15, x2, x0.5, every 1000, after 2 overflows; read off a Paddle scaler,
+ * so this one can fail, out of memory). */
 TORCHAMP_C_API void torchamp_scaler_options_default(torchamp_scaler_options* options);
-TORCHAMP_C_API void torchamp_paddle_options_default(torchamp_paddle_options* options);
+TORCHAMP_C_API torchamp_status torchamp_paddle_options_default(torchamp_paddle_options* options);
 
-/* A scaler (NULL options: the defaults). Both kinds take every call below. */
+/* A scaler (NULL options: the defaults). Both kinds take every call below
+ * but clip_grad_norm_ and update_to, which are PyTorch's only. */
 TORCHAMP_C_API torchamp_status torchamp_scaler_new(const torchamp_scaler_options* options,
                                                    torchamp_scaler** out);
 TORCHAMP_C_API torchamp_status torchamp_paddle_scaler_new(const torchamp_paddle_options* options,
@@ -238,8 +243,9 @@ TORCHAMP_C_API torchamp_status torchamp_autocast_exit(torchamp_autocast* guard);
 /* Ends the region if it is still open, and frees the guard. */
 TORCHAMP_C_API void torchamp_autocast_free(torchamp_autocast* guard);
 
-/* ---- process groups and DDP (TORCHAMP_NOT_IMPLEMENTED_ERROR in a build
- *      without distributed support) ---- */
+/* ---- process groups and DDP (in a build without distributed support,
+ *      every call that returns a status returns
+ *      TORCHAMP_NOT_IMPLEMENTED_ERROR) ---- */
 
 typedef struct torchamp_process_group torchamp_process_group;
 /* torchamp::init_process_group: backend "gloo"/"nccl" (NULL or "": the

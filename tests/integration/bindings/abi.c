@@ -46,6 +46,42 @@ static int rank = -1;
     }                                                                         \
   } while (0)
 
+/* A scaler call fails as FAILS says, and the scaler's whole state dict is as
+ * it was. */
+#define FAILS_UNCHANGED(scaler, call, status, text) \
+  do {                                              \
+    torchamp_state* before_ = snapshot(scaler);     \
+    torchamp_state* after_;                         \
+    FAILS(call, status, text);                      \
+    after_ = snapshot(scaler);                      \
+    EXPECT(same_state(before_, after_));            \
+    torchamp_state_free(before_);                   \
+    torchamp_state_free(after_);                    \
+  } while (0)
+
+static torchamp_state* snapshot(const torchamp_scaler* scaler) {
+  torchamp_state* state = NULL;
+  OK(torchamp_scaler_state_dict(scaler, &state));
+  return state;
+}
+
+/* Whether two state dicts hold the same keys, kinds and bits. */
+static int same_state(const torchamp_state* a, const torchamp_state* b) {
+  const torchamp_entry *ea, *eb;
+  size_t na, nb;
+  if (torchamp_state_entries(a, &ea, &na) != TORCHAMP_OK ||
+      torchamp_state_entries(b, &eb, &nb) != TORCHAMP_OK || na != nb) {
+    return 0;
+  }
+  for (size_t i = 0; i < na; ++i) {
+    if (strcmp(ea[i].key, eb[i].key) != 0 || ea[i].kind != eb[i].kind ||
+        memcmp(&ea[i].f, &eb[i].f, sizeof ea[i].f) != 0 || ea[i].i != eb[i].i) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
 /* The value of `key` in a scaler's state dict (NAN if absent). */
 static double state_value(const torchamp_scaler* scaler, const char* key) {
   torchamp_state* state;
@@ -95,10 +131,10 @@ static void test_handles_and_nulls(void) {
   OK(torchamp_scaler_get_scale(scaler, &scale));
   EXPECT(scale == 1024);
   FAILS(torchamp_scaler_get_scale(scaler, NULL), TORCHAMP_TYPE_ERROR, "scale is NULL");
-  FAILS(torchamp_scaler_update_to(scaler, -2), TORCHAMP_VALUE_ERROR,
-        "scale must be a finite number > 0, got -2");
-  FAILS(torchamp_scaler_update(scaler), TORCHAMP_RUNTIME_ERROR,
-        "No inf checks were recorded prior to update.");
+  FAILS_UNCHANGED(scaler, torchamp_scaler_update_to(scaler, -2), TORCHAMP_VALUE_ERROR,
+                  "scale must be a finite number > 0, got -2");
+  FAILS_UNCHANGED(scaler, torchamp_scaler_update(scaler), TORCHAMP_RUNTIME_ERROR,
+                  "No inf checks were recorded prior to update.");
   OK(torchamp_scaler_update_to(scaler, 2048));
   OK(torchamp_scaler_get_scale(scaler, &scale));
   EXPECT(scale == 2048);
@@ -107,8 +143,8 @@ static void test_handles_and_nulls(void) {
   params[0] = shim_full(2, 2, 1.0, 6, 1);
   FAILS(torchamp_sgd_new(params, 2, NULL, &optimizer), TORCHAMP_TYPE_ERROR, "params[1] is NULL");
   EXPECT(optimizer == NULL);
-  FAILS(torchamp_scaler_unscale_(scaler, NULL), TORCHAMP_TYPE_ERROR,
-        "torchamp_scaler_unscale_: optimizer is NULL");
+  FAILS_UNCHANGED(scaler, torchamp_scaler_unscale_(scaler, NULL), TORCHAMP_TYPE_ERROR,
+                  "torchamp_scaler_unscale_: optimizer is NULL");
   FAILS(torchamp_state_entries(NULL, NULL, NULL), TORCHAMP_TYPE_ERROR, "state is NULL");
 
   /* Freeing NULL is nothing, as free(NULL). */
@@ -143,17 +179,20 @@ static void test_state_dicts(const char* work) {
   memcpy(bad, e, n * sizeof *e);
 
   bad[0].kind = 7;
-  FAILS(torchamp_scaler_load_state_dict(b, bad, n), TORCHAMP_VALUE_ERROR,
-        "entries[0] ('scale') has kind 7");
+  FAILS_UNCHANGED(b, torchamp_scaler_load_state_dict(b, bad, n), TORCHAMP_VALUE_ERROR,
+                  "entries[0] ('scale') has kind 7");
   bad[0].kind = TORCHAMP_KIND_DOUBLE;
   bad[1].key = NULL;
-  FAILS(torchamp_scaler_load_state_dict(b, bad, n), TORCHAMP_TYPE_ERROR, "entries[1].key is NULL");
+  FAILS_UNCHANGED(b, torchamp_scaler_load_state_dict(b, bad, n), TORCHAMP_TYPE_ERROR,
+                  "entries[1].key is NULL");
   bad[1].key = e[1].key;
   bad[7].i = 2; /* "dynamic", a bool */
-  FAILS(torchamp_scaler_load_state_dict(b, bad, n), TORCHAMP_VALUE_ERROR, "expected 0 or 1");
-  FAILS(torchamp_scaler_load_state_dict(b, e, 0), TORCHAMP_RUNTIME_ERROR,
-        "The source state dict is empty");
-  FAILS(torchamp_scaler_load_state_dict(b, NULL, 3), TORCHAMP_TYPE_ERROR, "entries is NULL");
+  FAILS_UNCHANGED(b, torchamp_scaler_load_state_dict(b, bad, n), TORCHAMP_VALUE_ERROR,
+                  "expected 0 or 1");
+  FAILS_UNCHANGED(b, torchamp_scaler_load_state_dict(b, e, 0), TORCHAMP_RUNTIME_ERROR,
+                  "The source state dict is empty");
+  FAILS_UNCHANGED(b, torchamp_scaler_load_state_dict(b, NULL, 3), TORCHAMP_TYPE_ERROR,
+                  "entries is NULL");
   EXPECT(state_value(b, "scale") == 65536.0);
   OK(torchamp_scaler_load_state_dict(b, e, n));
   EXPECT(state_value(b, "scale") == 8.0);
@@ -166,15 +205,33 @@ static void test_state_dicts(const char* work) {
   OK(torchamp_scaler_load(b, path));
   EXPECT(state_value(b, "scale") == 4.0);
   snprintf(path, sizeof path, "%s/missing.pt", work);
-  FAILS(torchamp_scaler_load(b, path), TORCHAMP_RUNTIME_ERROR, "cannot open");
+  FAILS_UNCHANGED(b, torchamp_scaler_load(b, path), TORCHAMP_RUNTIME_ERROR,
+                  "torchamp_scaler_load: cannot open");
   snprintf(path, sizeof path, "%s/garbage.pt", work);
   {
     FILE* f = fopen(path, "wb");
     fputs("not a pickle", f);
     fclose(f);
   }
-  EXPECT(torchamp_scaler_load(b, path) != TORCHAMP_OK);
-  EXPECT(state_value(b, "scale") == 4.0);
+  {
+    torchamp_state* before = snapshot(b);
+    torchamp_state* after;
+    EXPECT(torchamp_scaler_load(b, path) != TORCHAMP_OK);
+    after = snapshot(b);
+    EXPECT(same_state(before, after));
+    torchamp_state_free(before);
+    torchamp_state_free(after);
+  }
+  /* A save over an existing file: the new state, and no file beside it. */
+  snprintf(path, sizeof path, "%s/scaler.pt", work);
+  OK(torchamp_scaler_update_to(a, 2.0));
+  OK(torchamp_scaler_save(a, path));
+  OK(torchamp_scaler_load(b, path));
+  EXPECT(state_value(b, "scale") == 2.0);
+  snprintf(path, sizeof path, "%s/scaler.pt.partial", work);
+  EXPECT(access(path, F_OK) != 0);
+  snprintf(path, sizeof path, "%s/no-such-folder/scaler.pt", work);
+  FAILS(torchamp_scaler_save(a, path), TORCHAMP_RUNTIME_ERROR, "cannot open");
   torchamp_scaler_free(a);
   torchamp_scaler_free(b);
 }
@@ -191,7 +248,8 @@ static void test_paddle(void) {
   int32_t stepped = -1;
   double norm;
 
-  torchamp_paddle_options_default(&options);
+  FAILS(torchamp_paddle_options_default(NULL), TORCHAMP_TYPE_ERROR, "options is NULL");
+  OK(torchamp_paddle_options_default(&options));
   EXPECT(options.init_loss_scaling == 32768.0 && options.incr_every_n_steps == 1000 &&
          options.decr_every_n_nan_or_inf == 2 && options.enable == 1);
   options.decr_ratio = 1.5;
@@ -211,9 +269,9 @@ static void test_paddle(void) {
     EXPECT(state_value(paddle, "scale") == (i == 0 ? 32768.0 : 16384.0));
   }
   EXPECT(shim_value(w, 0) == 1.0);
-  FAILS(torchamp_scaler_clip_grad_norm_(paddle, optimizer, 1.0, &norm), TORCHAMP_TYPE_ERROR,
-        "Paddle");
-  FAILS(torchamp_scaler_update_to(paddle, 2.0), TORCHAMP_TYPE_ERROR, "Paddle");
+  FAILS_UNCHANGED(paddle, torchamp_scaler_clip_grad_norm_(paddle, optimizer, 1.0, &norm),
+                  TORCHAMP_TYPE_ERROR, "Paddle");
+  FAILS_UNCHANGED(paddle, torchamp_scaler_update_to(paddle, 2.0), TORCHAMP_TYPE_ERROR, "Paddle");
 
   /* Paddle's schema loads into a PyTorch scaler too (its keys are told apart). */
   OK(torchamp_scaler_state_dict(paddle, &state));
@@ -328,6 +386,14 @@ static void test_optimizers(const char* work) {
   snprintf(path, sizeof path, "%s/missing.pt", work);
   EXPECT(torchamp_optimizer_load(again, path) != TORCHAMP_OK);
   torchamp_optimizer_free(again);
+  {
+    /* Adam's file into an SGD: refused. */
+    torchamp_optimizer* sgd;
+    OK(torchamp_sgd_new(&p, 1, NULL, &sgd));
+    snprintf(path, sizeof path, "%s/adam.pt", work);
+    EXPECT(torchamp_optimizer_load(sgd, path) != TORCHAMP_OK);
+    torchamp_optimizer_free(sgd);
+  }
 
   /* AdamW, and a plain step without a scaler. */
   {
@@ -403,6 +469,7 @@ static int distributed_rank(const char* work) {
 
   torchamp_ddp_options_default(&options);
   EXPECT(options.average_gradients == 1 && options.bucket_cap_mb == 0.0);
+  options.gradient_as_bucket_view = 1; /* zero_grad(0) below zeroes views */
   OK(torchamp_ddp_new(group, params, 2, &options, &ddp));
   out = shim_linear(x, w, b);
   OK(torchamp_ddp_prepare_backward(ddp, &out, 1));
@@ -426,6 +493,9 @@ static int distributed_rank(const char* work) {
   }
   shim_free(loss);
   shim_free(out);
+  /* The gradients are views into DDP's buckets: zeroed in place, as Python does. */
+  OK(torchamp_optimizer_zero_grad(optimizer, 0));
+  EXPECT(shim_grad_item(w, 0) == 0.0 && shim_grad_item(b, 0) == 0.0);
 
   /* found-inf agreement: rank 1's gradient is inf, and both ranks skip. */
   OK(torchamp_scaler_new(NULL, &scaler));

@@ -10,7 +10,7 @@ use std::fmt;
 use std::os::raw::c_char;
 use std::ptr;
 
-/// The C ABI's declarations, one for one.
+/// The C ABI's declarations, one for one (include/torchamp/c/torchamp.h).
 pub mod ffi {
     use std::os::raw::c_char;
 
@@ -46,6 +46,14 @@ pub mod ffi {
     pub struct Autocast {
         _opaque: [u8; 0],
     }
+    #[repr(C)]
+    pub struct ProcessGroup {
+        _opaque: [u8; 0],
+    }
+    #[repr(C)]
+    pub struct Ddp {
+        _opaque: [u8; 0],
+    }
 
     #[repr(C)]
     #[derive(Clone, Copy, Debug)]
@@ -70,6 +78,28 @@ pub mod ffi {
         pub enabled: i32,
         pub dynamic: i32,
         pub unscale_float16: i32,
+        pub reserved: i32,
+    }
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct PaddleOptions {
+        pub init_loss_scaling: f64,
+        pub incr_ratio: f64,
+        pub decr_ratio: f64,
+        pub incr_every_n_steps: i64,
+        pub decr_every_n_nan_or_inf: i64,
+        pub enable: i32,
+        pub use_dynamic_loss_scaling: i32,
+    }
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct DdpOptions {
+        pub bucket_cap_mb: f64,
+        pub find_unused_parameters: i32,
+        pub gradient_as_bucket_view: i32,
+        pub average_gradients: i32,
         pub reserved: i32,
     }
 
@@ -137,9 +167,19 @@ pub mod ffi {
         pub fn torchamp_optimizer_zero_grad(optimizer: *mut Optimizer, set_to_none: i32) -> Status;
         pub fn torchamp_optimizer_save(optimizer: *const Optimizer, path: *const c_char) -> Status;
         pub fn torchamp_optimizer_load(optimizer: *mut Optimizer, path: *const c_char) -> Status;
+        pub fn torchamp_optimizer_master_weight(
+            optimizer: *const Optimizer,
+            param: *const Tensor,
+            out: *mut *mut Tensor,
+        ) -> Status;
 
         pub fn torchamp_scaler_options_default(options: *mut ScalerOptions);
+        pub fn torchamp_paddle_options_default(options: *mut PaddleOptions) -> Status;
         pub fn torchamp_scaler_new(options: *const ScalerOptions, out: *mut *mut Scaler) -> Status;
+        pub fn torchamp_paddle_scaler_new(
+            options: *const PaddleOptions,
+            out: *mut *mut Scaler,
+        ) -> Status;
         pub fn torchamp_scaler_free(scaler: *mut Scaler);
         pub fn torchamp_scaler_scale(
             scaler: *mut Scaler,
@@ -152,7 +192,14 @@ pub mod ffi {
             optimizer: *mut Optimizer,
             stepped: *mut i32,
         ) -> Status;
+        pub fn torchamp_scaler_clip_grad_norm_(
+            scaler: *mut Scaler,
+            optimizer: *mut Optimizer,
+            max_norm: f64,
+            norm: *mut f64,
+        ) -> Status;
         pub fn torchamp_scaler_update(scaler: *mut Scaler) -> Status;
+        pub fn torchamp_scaler_update_to(scaler: *mut Scaler, new_scale: f64) -> Status;
         pub fn torchamp_scaler_get_scale(scaler: *const Scaler, scale: *mut f64) -> Status;
         pub fn torchamp_scaler_state_dict(scaler: *const Scaler, out: *mut *mut State) -> Status;
         pub fn torchamp_scaler_load_state_dict(
@@ -171,6 +218,29 @@ pub mod ffi {
         ) -> Status;
         pub fn torchamp_autocast_exit(guard: *mut Autocast) -> Status;
         pub fn torchamp_autocast_free(guard: *mut Autocast);
+
+        pub fn torchamp_init_process_group(
+            backend: *const c_char,
+            init_method: *const c_char,
+            rank: i32,
+            world_size: i32,
+            out: *mut *mut ProcessGroup,
+        ) -> Status;
+        pub fn torchamp_process_group_rank(group: *const ProcessGroup, rank: *mut i32) -> Status;
+        pub fn torchamp_process_group_size(group: *const ProcessGroup, size: *mut i32) -> Status;
+        pub fn torchamp_process_group_free(group: *mut ProcessGroup);
+        pub fn torchamp_destroy_process_group() -> Status;
+        pub fn torchamp_scaler_set_process_group(scaler: *mut Scaler, group: *mut ProcessGroup) -> Status;
+        pub fn torchamp_ddp_options_default(options: *mut DdpOptions);
+        pub fn torchamp_ddp_new(
+            group: *mut ProcessGroup,
+            params: *const *mut Tensor,
+            count: usize,
+            options: *const DdpOptions,
+            out: *mut *mut Ddp,
+        ) -> Status;
+        pub fn torchamp_ddp_prepare_backward(ddp: *mut Ddp, outputs: *const *mut Tensor, count: usize) -> Status;
+        pub fn torchamp_ddp_free(ddp: *mut Ddp);
     }
 }
 
@@ -206,8 +276,12 @@ pub fn check(status: ffi::Status) -> Result<()> {
     }
 }
 
+fn c_string(what: &str, text: &str) -> Result<CString> {
+    CString::new(text).map_err(|_| Error { status: 2, message: format!("{} {:?} holds a NUL", what, text) })
+}
+
 fn c_path(path: &str) -> Result<CString> {
-    CString::new(path).map_err(|_| Error { status: 2, message: format!("path {:?} holds a NUL", path) })
+    c_string("path", path)
 }
 
 /// The library's version ("0.1.0").
@@ -336,7 +410,8 @@ impl GradScaler {
         let mut count = 0usize;
         let listed = check(unsafe { ffi::torchamp_state_entries(state, &mut entries, &mut count) });
         let mut dict = StateDict::new();
-        if listed.is_ok() {
+        if listed.is_ok() && count > 0 {
+            // (A disabled scaler's state is empty, and its entries pointer NULL.)
             for e in unsafe { std::slice::from_raw_parts(entries, count) } {
                 let key = unsafe { CStr::from_ptr(e.key) }.to_string_lossy().into_owned();
                 let value = match e.kind {
@@ -354,7 +429,7 @@ impl GradScaler {
     pub fn load_state_dict(&mut self, dict: &[(String, Value)]) -> Result<()> {
         let keys = dict
             .iter()
-            .map(|(k, _)| c_path(k))
+            .map(|(k, _)| c_string("key", k))
             .collect::<Result<Vec<CString>>>()?;
         let entries: Vec<ffi::Entry> = dict
             .iter()

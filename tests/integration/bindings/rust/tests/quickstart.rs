@@ -228,3 +228,11 @@ fn quickstart_trace() {
         shim_free(model.bias);
     }
 }
+
+#[test]
+fn disabled_scaler_has_an_empty_state_dict() {
+    let mut options = torchamp::scaler_options();
+    options.enabled = 0;
+    let scaler = GradScaler::new(&options).unwrap();
+    assert!(scaler.state_dict().unwrap().is_empty());
+}
