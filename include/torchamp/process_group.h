@@ -37,7 +37,8 @@ namespace torchamp {
 struct ProcessGroupOptions {
   /// "gloo", "nccl", or Python's per-device form ("cpu:gloo,cuda:nccl"). The
   /// default, "", is Python's `None`: Gloo for CPU tensors, and NCCL for
-  /// CUDA tensors where this torchamp has NCCL.
+  /// CUDA tensors where this torchamp has NCCL and a CUDA device is present;
+  /// Gloo alone otherwise. "nccl" without a CUDA device is a `c10::ValueError`.
   TORCH_ARG(std::string, backend) = "";
   /// "env://" (the default when no `store` is given), "tcp://host:port" or
   /// "file:///path", each with an optional query (`?rank=R&world_size=N`).

@@ -11,6 +11,9 @@
 #include <torchamp/process_group.h>
 
 #include "compat/compat.h"
+#include "distributed/device_backends.h"
+
+#include <ATen/Context.h>
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -290,36 +293,11 @@ void check_available(const std::string& name) {
   }
 }
 
-// Python's BackendConfig: the backend of each device for `backend`.
+// The backends this build lacks are NotImplementedErrors first (a CPU
+// LibTorch asked for "nccl" says so, whatever the machine has); then the map,
+// with "nccl" refused before any rendezvous where no CUDA device is present.
 std::vector<std::pair<std::string, std::string>> device_backends(const std::string& given) {
-  const std::string backend = lower(given);
-  std::vector<std::pair<std::string, std::string>> map;
-  auto known = [&](const std::string& name) {
-    TORCH_CHECK_VALUE(name == "gloo" || name == "nccl",
-                      "torchamp::init_process_group: unknown backend '", given,
-                      "' (gloo, nccl, or one per device as \"cpu:gloo,cuda:nccl\")");
-  };
-  if (backend.empty()) {  // Python's None
-    map = {{"cpu", "gloo"}, {"cuda", TORCHAMP_NCCL ? "nccl" : "gloo"}};
-  } else if (backend.find(':') == std::string::npos) {
-    known(backend);
-    if (backend == "gloo") {
-      map = {{"cpu", "gloo"}, {"cuda", "gloo"}};
-    } else {
-      map = {{"cuda", "nccl"}};
-    }
-  } else {
-    std::stringstream list(backend);
-    for (std::string item; std::getline(list, item, ',');) {
-      const auto colon = item.find(':');
-      const std::string device = item.substr(0, colon);
-      TORCH_CHECK_VALUE(colon != std::string::npos && (device == "cpu" || device == "cuda"),
-                        "torchamp::init_process_group: backend '", given, "': '", item,
-                        "' is not DEVICE:BACKEND with DEVICE cpu or cuda");
-      known(item.substr(colon + 1));
-      map.emplace_back(device, item.substr(colon + 1));
-    }
-  }
+  auto map = detail::device_backends(given, TORCHAMP_NCCL, at::hasCUDA());
   for (const auto& entry : map) {
     check_available(entry.second);
   }
@@ -449,6 +427,58 @@ class SigpipeIgnored {
 };
 
 }  // namespace
+
+namespace detail {
+
+// Python's BackendConfig (torch/distributed/distributed_c10d.py). Python
+// 2.6+ maps None to the detected accelerator's backend alone; we keep Gloo
+// for CPU tensors beside NCCL where a GPU is present, as Python up to 2.5
+// did (a C++ program's CPU tensors, a found-inf flag among them, keep a
+// backend), and Gloo alone where none is: NCCL cannot form without a GPU.
+std::vector<std::pair<std::string, std::string>> device_backends(const std::string& given,
+                                                                 bool nccl_built,
+                                                                 bool gpu_present) {
+  const std::string backend = lower(given);
+  std::vector<std::pair<std::string, std::string>> map;
+  auto known = [&](const std::string& name) {
+    TORCH_CHECK_VALUE(name == "gloo" || name == "nccl",
+                      "torchamp::init_process_group: unknown backend '", given,
+                      "' (gloo, nccl, or one per device as \"cpu:gloo,cuda:nccl\")");
+  };
+  if (backend.empty()) {  // Python's None
+    map = {{"cpu", "gloo"}, {"cuda", nccl_built && gpu_present ? "nccl" : "gloo"}};
+  } else if (backend.find(':') == std::string::npos) {
+    known(backend);
+    if (backend == "gloo") {
+      map = {{"cpu", "gloo"}, {"cuda", "gloo"}};
+    } else {
+      map = {{"cuda", "nccl"}};
+    }
+  } else {
+    std::stringstream list(backend);
+    for (std::string item; std::getline(list, item, ',');) {
+      const auto colon = item.find(':');
+      const std::string device = item.substr(0, colon);
+      TORCH_CHECK_VALUE(colon != std::string::npos && (device == "cpu" || device == "cuda"),
+                        "torchamp::init_process_group: backend '", given, "': '", item,
+                        "' is not DEVICE:BACKEND with DEVICE cpu or cuda");
+      known(item.substr(colon + 1));
+      map.emplace_back(device, item.substr(colon + 1));
+    }
+  }
+  if (nccl_built) {  // a build without NCCL says so instead (check_available)
+    for (const auto& entry : map) {
+      TORCH_CHECK_VALUE(entry.second != "nccl" || gpu_present,
+                        "torchamp::init_process_group: backend '", given,
+                        "' asks for NCCL, which needs a CUDA device, and this machine has none "
+                        "(ProcessGroupNCCL is only supported with GPUs, no GPUs found!); use "
+                        "backend \"gloo\", or leave it unset: Gloo alone where no GPU is present");
+    }
+  }
+  return map;
+}
+
+}  // namespace detail
 
 std::chrono::milliseconds default_pg_timeout(const std::string& backend) {
   return lower(backend) == "nccl" ? Millis(std::chrono::minutes(10))

@@ -6,12 +6,14 @@
 
 #include <torchamp/process_group.h>
 
+#include <ATen/Context.h>
 #include <ATen/ops/full.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 
 #include <gtest/gtest.h>
 
+#include "distributed/device_backends.h"
 #include "test_util.h"
 
 #include <netinet/in.h>
@@ -181,6 +183,12 @@ TEST(ProcessGroup, OneRankFormsAGroupAndNewGroupsAndASecondInitChangesNothing) {
                                  "has not been initialized");
   auto group = torchamp::init_process_group(options);
   ASSERT_TRUE(group);
+  // The default backend: NCCL only where this build has it and a GPU is
+  // present (a CUDA LibTorch on a machine without one forms Gloo's, as
+  // Python does there).
+  const std::string expected =
+      torchamp::is_backend_available("nccl") && at::hasCUDA() ? "nccl" : "gloo";
+  EXPECT_EQ(group->getBackendName(), expected);
   EXPECT_TRUE(torchamp::is_initialized());
   EXPECT_EQ(torchamp::default_process_group().get(), group.get());
   EXPECT_EQ(group->getRank(), 0);
@@ -195,6 +203,7 @@ TEST(ProcessGroup, OneRankFormsAGroupAndNewGroupsAndASecondInitChangesNothing) {
 
   auto all = torchamp::new_group();
   ASSERT_TRUE(all);
+  EXPECT_EQ(all->getBackendName(), expected);
   all->allreduce(t)->wait();
   EXPECT_TRUE(torchamp::new_group(torchamp::NewGroupOptions().ranks({0})));
   expect_throws<c10::ValueError>(
@@ -276,6 +285,53 @@ TEST(ProcessGroup, ABadGlooSocketIfnameIsAValueErrorNamingIt) {
       ProcessGroupOptions().init_method("file://" + store.string()).rank(0).world_size(1),
       "GLOO_SOCKET_IFNAME is 'lo,nosuch0': no Gloo device for interface 'nosuch0'");
   fs::remove(store);
+}
+
+using DeviceBackends = std::vector<std::pair<std::string, std::string>>;
+
+// Python's BackendConfig for each kind of machine and build: NCCL for CUDA
+// tensors only where the build has it and a GPU is present.
+TEST(ProcessGroup, TheDefaultBackendIsNcclOnlyWhereAGpuIsPresent) {
+  using torchamp::detail::device_backends;
+  const DeviceBackends gloo = {{"cpu", "gloo"}, {"cuda", "gloo"}};
+  EXPECT_EQ(device_backends("", true, false), gloo);  // pip's CUDA LibTorch, no GPU
+  EXPECT_EQ(device_backends("", false, false), gloo);
+  EXPECT_EQ(device_backends("", false, true), gloo);  // a GPU, but no NCCL built
+  EXPECT_EQ(device_backends("", true, true), DeviceBackends({{"cpu", "gloo"}, {"cuda", "nccl"}}));
+  EXPECT_EQ(device_backends("GLOO", true, false), gloo);
+  EXPECT_EQ(device_backends("nccl", true, true), DeviceBackends({{"cuda", "nccl"}}));
+  EXPECT_EQ(device_backends("cpu:gloo,cuda:nccl", true, true),
+            DeviceBackends({{"cpu", "gloo"}, {"cuda", "nccl"}}));
+  EXPECT_EQ(device_backends("cuda:gloo", true, false), DeviceBackends({{"cuda", "gloo"}}));
+  // NCCL by name without a GPU: Python's ValueError, named.
+  for (const std::string backend : {"nccl", "NCCL", "cpu:gloo,cuda:nccl"}) {
+    expect_throws<c10::ValueError>([&] { device_backends(backend, true, false); },
+                                   "backend '" + backend +
+                                       "' asks for NCCL, which needs a CUDA "
+                                       "device, and this machine has none");
+  }
+  expect_throws<c10::ValueError>([] { device_backends("ucc", true, true); },
+                                 "unknown backend 'ucc'");
+}
+
+// On this machine: "nccl" by name is a typed error before any rendezvous
+// where it cannot form (no NCCL in this build, or no GPU), and nothing is
+// formed; the default forms a group (OneRankForms... above).
+TEST(ProcessGroup, NcclByNameWhereItCannotFormIsATypedErrorAndChangesNothing) {
+  if (torchamp::is_backend_available("nccl") && at::hasCUDA()) {
+    GTEST_SKIP() << "a GPU is present and this build has NCCL";
+  }
+  Env env(kTorchrun);
+  for (const std::string backend : {"nccl", "cpu:gloo,cuda:nccl"}) {
+    const auto options = ProcessGroupOptions().backend(backend);
+    if (torchamp::is_backend_available("nccl")) {
+      expect_value_error(options, "which needs a CUDA device, and this machine has none");
+    } else {
+      expect_throws<c10::NotImplementedError>([&] { torchamp::init_process_group(options); },
+                                              "this libtorchamp has no NCCL");
+      EXPECT_FALSE(torchamp::is_initialized());
+    }
+  }
 }
 
 TEST(ProcessGroup, DefaultsArePythons) {
