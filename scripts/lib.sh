@@ -129,11 +129,13 @@ torchamp_wheel_prefix() {
 
 torchamp_build() {
   local build_dir="${TORCHAMP_BUILD_DIR:-$TORCHAMP_ROOT/build}"
-  # ccache: PCH-friendly settings. No base_dir: with one, ccache rewrites
-  # paths relative to each compile's working directory, so the library built
-  # in build/ and again by the subproject tests (build/tests/subproject-*/,
-  # the same sources and flags) missed; with absolute paths those are hits.
+  # ccache: PCH-friendly settings, and base_dir at the checkout's root, so
+  # that paths inside it are hashed relative to each compile's working
+  # directory: a clone in another folder (CI's, a second worktree) hits the
+  # objects this one built. (The subproject tests' copies of the library miss
+  # either way: their config.h folder, and so their command lines, differ.)
   export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$TORCHAMP_ROOT}"
   cmake -S "$TORCHAMP_ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@"
   cmake --build "$build_dir" -j "$(nproc)"
 }
