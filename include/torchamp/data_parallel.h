@@ -153,18 +153,25 @@ class DistributedDataParallel {
   /// `c10::Error` where the previous iteration's reduction did not finish
   /// (a parameter got no gradient without `find_unused_parameters`). A
   /// failed all-reduce makes that backward throw `c10::Error` naming it.
+  /// `ddp.forward(x)` (Python's habit) is a compile error that says so.
   template <class Call>
   auto forward(Call&& call) {
-    using Out = std::invoke_result_t<Call&>;
-    static_assert(!std::is_void_v<Out>, "forward's callable must return the module's outputs");
-    pre_forward_();
-    Out out = call();
-    std::vector<at::Tensor> tensors;
-    if (wants_outputs_()) {
-      detail::collect_tensors(out, tensors);
+    static_assert(std::is_invocable_v<Call&>,
+                  "torchamp::DistributedDataParallel::forward takes a callable that runs the "
+                  "module's forward, not its inputs: ddp.forward([&] { return "
+                  "model->forward(x); })");
+    if constexpr (std::is_invocable_v<Call&>) {
+      using Out = std::invoke_result_t<Call&>;
+      static_assert(!std::is_void_v<Out>, "forward's callable must return the module's outputs");
+      pre_forward_();
+      Out out = call();
+      std::vector<at::Tensor> tensors;
+      if (wants_outputs_()) {
+        detail::collect_tensors(out, tensors);
+      }
+      post_forward_(tensors);
+      return out;
     }
-    post_forward_(tensors);
-    return out;
   }
 
   /// While the returned guard lives, forwards (and their backwards) do not

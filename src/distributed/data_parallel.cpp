@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <unordered_set>
 
@@ -136,6 +137,43 @@ void reducer_parameters(torch::nn::Module& root, std::vector<at::Tensor>& params
   }
 }
 
+// The Reducer's "Expected to have finished reduction in the prior
+// iteration" speaks Python (`find_unused_parameters=True` to
+// `torch.nn.parallel.DistributedDataParallel`) and names parameters by
+// index. Runs `step`; that error comes back with the C++ option and the
+// parameters' names first, and c10d's own text after them.
+template <class Step>
+void naming_unready(const std::vector<std::string>& names, const Step& step) {
+  try {
+    step();
+  } catch (const c10::Error& e) {
+    const std::string text = e.what_without_backtrace();
+    if (text.find("Expected to have finished reduction in the prior iteration") ==
+        std::string::npos) {
+      throw;
+    }
+    // "Parameter indices which did not receive grad for rank R: 2 3"
+    std::string unready;
+    const std::string marker = "did not receive grad for rank ";
+    if (const auto at = text.find(marker); at != std::string::npos) {
+      const auto colon = text.find(':', at);
+      std::stringstream list(text.substr(colon + 1, text.find('\n', colon) - colon - 1));
+      for (size_t i = 0; list >> i;) {
+        unready += (unready.empty() ? "" : ", ") +
+                   (i < names.size() ? names[i] : "#" + std::to_string(i)) + " (index " +
+                   std::to_string(i) + ")";
+      }
+    }
+    TORCH_CHECK(false, "torchamp::DistributedDataParallel: the previous iteration's backward left ",
+                unready.empty() ? std::string("some parameters")
+                                : "these parameters without a gradient: " + unready,
+                ". A model whose forward leaves parameters out of the loss needs "
+                "DistributedDataParallelOptions().find_unused_parameters(true); or make every "
+                "parameter take part in the loss (indices are into ddp.parameters()).\n",
+                text);
+  }
+}
+
 }  // namespace
 
 struct DistributedDataParallel::Impl {
@@ -143,6 +181,7 @@ struct DistributedDataParallel::Impl {
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   DistributedDataParallelOptions options;
   std::vector<at::Tensor> params;
+  std::vector<std::string> names;  // of params, as named_parameters() names them
   std::shared_ptr<c10d::Reducer> reducer;
   bool require_backward_grad_sync = true;
   bool require_forward_param_sync = true;
@@ -169,6 +208,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   TORCH_CHECK(!d.params.empty(),
               "DistributedDataParallel is not needed when a module doesn't have any parameter "
               "that requires a gradient.");
+  d.names.resize(d.params.size());
+  for (const auto& [index, name] : names) {
+    d.names[index] = name;
+  }
 
   // Python's _verify_param_shape_across_processes and _sync_module_states.
   c10d::verify_params_across_processes(d.group, d.params, {});
@@ -221,13 +264,15 @@ DistributedDataParallel& DistributedDataParallel::operator=(DistributedDataParal
 void DistributedDataParallel::pre_forward_() {
   Impl& d = *impl_;
   const bool grad = at::GradMode::is_enabled();
-  if (grad && d.require_backward_grad_sync) {
-    d.reducer->prepare_for_forward();
-  }
-  // Once, after the first iteration: buckets in the order gradients came.
-  if (grad) {
-    d.reducer->rebuild_buckets();
-  }
+  naming_unready(d.names, [&] {
+    if (grad && d.require_backward_grad_sync) {
+      d.reducer->prepare_for_forward();
+    }
+    // Once, after the first iteration: buckets in the order gradients came.
+    if (grad) {
+      d.reducer->rebuild_buckets();
+    }
+  });
   if (d.require_forward_param_sync && d.options.broadcast_buffers()) {
     std::vector<at::Tensor> buffers = d.module->buffers();
     if (!buffers.empty()) {
@@ -249,8 +294,10 @@ void DistributedDataParallel::post_forward_(const std::vector<at::Tensor>& outpu
   Impl& d = *impl_;
   if (at::GradMode::is_enabled() && d.require_backward_grad_sync) {
     d.require_forward_param_sync = true;
-    d.reducer->prepare_for_backward(d.options.find_unused_parameters() ? outputs
-                                                                       : std::vector<at::Tensor>{});
+    naming_unready(d.names, [&] {
+      d.reducer->prepare_for_backward(
+          d.options.find_unused_parameters() ? outputs : std::vector<at::Tensor>{});
+    });
   } else {
     d.require_forward_param_sync = false;
   }

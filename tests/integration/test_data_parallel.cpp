@@ -103,16 +103,21 @@ TEST(DataParallelUnused, FindUnusedParametersTrains) {
 }
 
 // Without it, the next iteration fails with the Reducer's error, as in Python
-// (distributed_test.py: "Expected to have finished reduction in the prior iteration").
-TEST(DataParallelUnused, WithoutFindUnusedTheNextIterationFailsAsInPython) {
+// (distributed_test.py: "Expected to have finished reduction in the prior
+// iteration"), led by what a C++ user needs: the C++ option and the unused
+// parameters' names (Branchy: used.weight 0, used.bias 1, unused.weight 2,
+// unused.bias 3); c10d's text follows.
+TEST(DataParallelUnused, WithoutFindUnusedTheNextIterationFailsNamingTheOptionAndParameters) {
   const auto out = agreed("ddp-unused-missing", 2);
-  ASSERT_EQ(out.size(), 2u);
+  ASSERT_EQ(out.size(), 3u);
   EXPECT_EQ(out[0], "step 0 ok unused grad defined 0");
-  EXPECT_EQ(out[1].rfind("step 1 error Expected to have finished reduction in the prior "
-                         "iteration before starting a new one",
-                         0),
-            0u)
-      << out[1];
+  EXPECT_EQ(out[1],
+            "step 1 error torchamp::DistributedDataParallel: the previous iteration's backward "
+            "left these parameters without a gradient: unused.weight (index 2), unused.bias "
+            "(index 3). A model whose forward leaves parameters out of the loss needs "
+            "DistributedDataParallelOptions().find_unused_parameters(true); or make every "
+            "parameter take part in the loss (indices are into ddp.parameters()).");
+  EXPECT_EQ(out[2], "then c10d's text: 1");
 }
 
 // _test_DDP_helper with BatchNorm / test_ddp_buffer_broadcast: construction

@@ -229,6 +229,11 @@ inline int unused(bool find, int rank, int world, const GroupFactory& make_group
       (torch::mse_loss(a, y) + torch::mse_loss(b, y)).backward();
     } catch (const c10::Error& e) {
       out << "step " << step << " error " << first_line(e) << "\n";
+      const std::string text = e.what_without_backtrace();
+      out << "then c10d's text: "
+          << (text.find("\nExpected to have finished reduction in the prior iteration") !=
+              std::string::npos)
+          << "\n";
       return 0;
     }
     opt.step();
