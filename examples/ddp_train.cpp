@@ -14,7 +14,9 @@
 #include <iostream>
 
 int main() try {
-  auto group = torchamp::init_process_group();  // dist.init_process_group(): torchrun's env://
+  // dist.init_process_group(): torchrun's env:// (torchamp::is_torchelastic_launched() says
+  // whether torchrun started this process)
+  c10::intrusive_ptr<c10d::ProcessGroup> group = torchamp::init_process_group();
   const int rank = group->getRank(), world = group->getSize();
 
   torch::manual_seed(rank);  // construction gives every rank rank 0's weights
@@ -35,11 +37,12 @@ int main() try {
       const auto out = ddp.forward([&] { return model->forward(x.chunk(2)[half]); });
       return torch::nn::functional::cross_entropy(out, y.chunk(2)[half]) / 2;
     };
-    {
-      auto no_sync = ddp.no_sync();  // the first one's gradients stay local
-      scaler.scale(loss(0)).backward();
+    for (int half = 0; half < 2; ++half) {
+      // All but the last micro-batch's gradients stay local; the last
+      // backward averages the sum of both over the ranks.
+      torchamp::DistributedDataParallel::NoSync no_sync = ddp.no_sync(half == 0);
+      scaler.scale(loss(half)).backward();
     }
-    scaler.scale(loss(1)).backward();  // the sum of both is averaged over the ranks
     const bool stepped = scaler.step(opt).has_value();
     scaler.update();
     opt.zero_grad();

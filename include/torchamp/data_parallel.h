@@ -191,7 +191,9 @@ class DistributedDataParallel {
     bool* flag_;  // in the DDP's state, which a move of the DDP does not move
     bool previous_;
   };
-  [[nodiscard]] NoSync no_sync();
+  /// `no_sync(false)` changes nothing, for accumulation in one line:
+  /// `auto guard = ddp.no_sync(micro + 1 < micro_batches);` (all but the last).
+  [[nodiscard]] NoSync no_sync(bool enabled = true);
 
   /// Python's `require_backward_grad_sync`: false under `no_sync()`.
   bool require_backward_grad_sync() const;

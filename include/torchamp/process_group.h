@@ -97,4 +97,8 @@ std::chrono::milliseconds default_pg_timeout(const std::string& backend = "gloo"
 /// Which backends this build of torchamp can form ("gloo", "nccl").
 bool is_backend_available(const std::string& backend);
 
+/// Whether torchrun (torch.distributed.run / elastic) started this process:
+/// Python's `dist.is_torchelastic_launched()` (TORCHELASTIC_RUN_ID is set).
+bool is_torchelastic_launched();
+
 }  // namespace torchamp

@@ -303,9 +303,9 @@ void DistributedDataParallel::post_forward_(const std::vector<at::Tensor>& outpu
   }
 }
 
-DistributedDataParallel::NoSync DistributedDataParallel::no_sync() {
+DistributedDataParallel::NoSync DistributedDataParallel::no_sync(bool enabled) {
   const bool previous = impl_->require_backward_grad_sync;
-  impl_->require_backward_grad_sync = false;
+  impl_->require_backward_grad_sync = previous && !enabled;
   return NoSync(&impl_->require_backward_grad_sync, previous);
 }
 

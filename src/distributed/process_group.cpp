@@ -490,6 +490,10 @@ bool is_backend_available(const std::string& backend) {
   return (b == "gloo" && TORCHAMP_GLOO) || (b == "nccl" && TORCHAMP_NCCL);
 }
 
+bool is_torchelastic_launched() {
+  return std::getenv("TORCHELASTIC_RUN_ID") != nullptr;
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> init_process_group(const ProcessGroupOptions& options) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);

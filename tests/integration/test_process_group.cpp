@@ -334,6 +334,16 @@ TEST(ProcessGroup, NcclByNameWhereItCannotFormIsATypedErrorAndChangesNothing) {
   }
 }
 
+// Python's dist.is_torchelastic_launched(): torchrun sets TORCHELASTIC_RUN_ID.
+TEST(ProcessGroup, IsTorchelasticLaunchedReadsTorchrunsRunId) {
+  {
+    Env env(Vars{{"TORCHELASTIC_RUN_ID", std::nullopt}});
+    EXPECT_FALSE(torchamp::is_torchelastic_launched());
+  }
+  Env env(Vars{{"TORCHELASTIC_RUN_ID", "none"}});
+  EXPECT_TRUE(torchamp::is_torchelastic_launched());
+}
+
 TEST(ProcessGroup, DefaultsArePythons) {
   EXPECT_EQ(torchamp::default_pg_timeout(), std::chrono::minutes(30));
   EXPECT_EQ(torchamp::default_pg_timeout("nccl"), std::chrono::minutes(10));

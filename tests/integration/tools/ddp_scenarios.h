@@ -182,19 +182,21 @@ inline int no_sync(bool local, bool ckpt, int rank, int world, const GroupFactor
   char buf[96];
   for (int step = 0; step < 3; ++step) {
     opt.zero_grad();
-    if (ddp) {
-      auto guard = ddp->no_sync();
-      micro(3 * step);
-      micro(3 * step + 1);
-      std::snprintf(buf, sizeof buf, "local grad sum %.9g sync %d",
-                    model->parameters()[0].grad().sum().item<double>(),
-                    static_cast<int>(ddp->require_backward_grad_sync()));
-      out << buf << "\n";
-    } else {
-      micro(3 * step);
-      micro(3 * step + 1);
+    for (int k = 0; k < 3; ++k) {
+      if (!ddp) {
+        micro(3 * step + k);
+        continue;
+      }
+      // Accumulation as a user writes it: no reduction but for the last micro-batch.
+      auto guard = ddp->no_sync(k + 1 < 3);
+      micro(3 * step + k);
+      if (k == 1) {
+        std::snprintf(buf, sizeof buf, "local grad sum %.9g sync %d",
+                      model->parameters()[0].grad().sum().item<double>(),
+                      static_cast<int>(ddp->require_backward_grad_sync()));
+        out << buf << "\n";
+      }
     }
-    micro(3 * step + 2);
     opt.step();
   }
   print_params(*model, out);
