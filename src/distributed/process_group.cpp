@@ -159,13 +159,16 @@ c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, int port, int
   }
   options.port = static_cast<uint16_t>(port);
   where = host + ":" + std::to_string(port) + (agent ? " (torchrun's agent store)" : "");
-  const bool asked_libuv = options.isServer && compat::set_use_libuv(options, use_libuv);
+  // Every rank, client or server, asks as Python does: a LibTorch built
+  // without libuv (Debian 13's 2.6) refuses a client's request too, and
+  // TCPStoreOptions asks for libuv by default.
+  const bool asked_libuv = compat::set_use_libuv(options, use_libuv);
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(host, options);
   } catch (const c10::Error& e) {
-    // A LibTorch built without libuv (Debian's 2.6) refuses the server
-    // Python asks for by default; the classic server then serves.
+    // A LibTorch built without libuv (Debian's 2.6) refuses it; the classic
+    // store then serves (and connects).
     if (!asked_libuv || std::string(e.what()).find("libuv") == std::string::npos) {
       throw;
     }
