@@ -11,6 +11,12 @@ set(find_args "")
 # Where LibTorch's CMake configs are (a wheel's: Torch and the Caffe2 config it
 # loads), '|'-separated, so a LibTorch elsewhere on the system is not mixed in.
 string(REPLACE "|" ";" prefix_path "${TORCH_PREFIX_PATH}")
+# A CUDA LibTorch's config needs the toolkit that this build was configured with
+# (also where another LibTorch comes first: torchamp's config loads its own).
+if(CUDA_ROOT)
+  list(APPEND find_args "-DCUDA_TOOLKIT_ROOT_DIR=${CUDA_ROOT}" "-DCUDAToolkit_ROOT=${CUDA_ROOT}"
+       "-DCMAKE_CUDA_COMPILER=${CUDA_ROOT}/bin/nvcc")
+endif()
 if(MODE STREQUAL "build-tree")
   list(APPEND find_args "-Dtorchamp_DIR=${TORCHAMP_BUILD}")
 else()
@@ -29,7 +35,7 @@ else()
       message(FATAL_ERROR "no TorchConfig.cmake under ${OTHER_TORCH_PREFIX}")
     endif()
     execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE}" -B "${WORK}/wrong" -G "${GENERATOR}"
-      "-DTorch_DIR=${other_dir}" "-DCMAKE_PREFIX_PATH=${prefix_path}"
+      "-DTorch_DIR=${other_dir}" "-DCMAKE_PREFIX_PATH=${prefix_path}" ${find_args}
       RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
     string(REGEX REPLACE "[ \n]+" " " err "${err}")
     if(rc EQUAL 0 OR NOT err MATCHES "torchamp was built against LibTorch ${TORCH_VERSION} .*found LibTorch [0-9.]+ .*-DTorch_DIR=")
@@ -41,11 +47,6 @@ else()
   else()
     list(PREPEND prefix_path "${WORK}/prefix")
   endif()
-endif()
-# A CUDA LibTorch's config needs the toolkit that this build was configured with.
-if(CUDA_ROOT)
-  list(APPEND find_args "-DCUDA_TOOLKIT_ROOT_DIR=${CUDA_ROOT}" "-DCUDAToolkit_ROOT=${CUDA_ROOT}"
-       "-DCMAKE_CUDA_COMPILER=${CUDA_ROOT}/bin/nvcc")
 endif()
 if(LAUNCHER)
   list(APPEND find_args "-DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER}")
