@@ -1,12 +1,16 @@
 # A misuse is a clear compile error: compiles PROBE with COMPILER
 # (-fsyntax-only), expects it to fail with at most MAX_ERRORS errors, one of
-# them containing EXPECT. INCLUDES: |-separated.
+# them containing EXPECT. INCLUDES: |-separated; STD: the C++ standard
+# (LibTorch 2.14 and later need 20).
 string(REPLACE "|" ";" INCLUDES "${INCLUDES}")
 set(args "")
 foreach(dir IN LISTS INCLUDES)
   list(APPEND args "-I${dir}")
 endforeach()
-execute_process(COMMAND "${COMPILER}" -std=c++17 -fsyntax-only ${args} "${PROBE}"
+if(NOT STD)
+  set(STD 17)
+endif()
+execute_process(COMMAND "${COMPILER}" -std=c++${STD} -fsyntax-only ${args} "${PROBE}"
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(rc EQUAL 0)
   message(FATAL_ERROR "the probe compiled; it must not")
