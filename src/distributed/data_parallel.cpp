@@ -165,7 +165,7 @@ void naming_unready(const std::vector<std::string>& names, const Step& step) {
       }
     }
     TORCH_CHECK(false, "torchamp::DistributedDataParallel: the previous iteration's backward left ",
-                unready.empty() ? std::string("some parameters")
+                unready.empty() ? std::string("some parameters without a gradient")
                                 : "these parameters without a gradient: " + unready,
                 ". A model whose forward leaves parameters out of the loss needs "
                 "DistributedDataParallelOptions().find_unused_parameters(true); or make every "
