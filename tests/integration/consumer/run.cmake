@@ -44,6 +44,21 @@ else()
     endif()
     string(REGEX REPLACE ".*(torchamp was built against)" "\\1" err "${err}")
     message(STATUS "Torch_DIR of another LibTorch, as expected:${err}")
+    # A program that calls find_package(Torch) before torchamp's finds the
+    # other LibTorch first: the error says to swap the two lines.
+    execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE}" -B "${WORK}/torch-first" -G "${GENERATOR}"
+      -DCONSUMER_FIND_TORCH=before "-DCMAKE_PREFIX_PATH=${prefix_path}" ${find_args}
+      RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    string(REGEX REPLACE "[ \n]+" " " err "${err}")
+    if(rc EQUAL 0 OR NOT err MATCHES "found LibTorch [0-9.]+ .*call find_package\\(torchamp CONFIG REQUIRED\\) before find_package\\(Torch\\).*-DTorch_DIR=")
+      message(FATAL_ERROR "find_package(Torch) first: expected a configure error saying to call "
+                          "find_package(torchamp) first, got ${rc}:\n${out}${err}")
+    endif()
+    string(REGEX REPLACE ".*(To fix:)" "\\1" err "${err}")
+    message(STATUS "find_package(Torch) first, as expected: ${err}")
+    # The fix works: torchamp's first, the program's own find_package(Torch)
+    # after it (the build below) finds torchamp's LibTorch.
+    list(APPEND find_args -DCONSUMER_FIND_TORCH=after)
   else()
     list(PREPEND prefix_path "${WORK}/prefix")
   endif()
