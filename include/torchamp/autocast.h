@@ -86,4 +86,20 @@ class autocast {
   autocast* outer_ = nullptr;  // the guard that was innermost when this one began
 };
 
+/// Whether this CPU multiplies matrices in `dtype` with native instructions:
+/// bfloat16 with AVX-512 BF16 or AMX-BF16 (x86) or BF16 (Arm), float16 with
+/// AVX-512 FP16 or AMX-FP16 (x86) or half-precision arithmetic (Arm);
+/// float32 and float64 always. Elsewhere ATen's CPU matmuls in that dtype
+/// can run many times slower than float32's (a GPT step: 12x on an
+/// AVX2-only CPU), though memory still shrinks. `c10::ValueError` for a
+/// dtype that is not floating point.
+bool cpu_has_fast(at::ScalarType dtype);
+
+/// The one-time warning (one per dtype per process) given where an autocast
+/// guard or a fused optimizer's parameters put CPU matmuls in bfloat16 or
+/// float16 on a CPU without `cpu_has_fast` for it: on (the default) or off.
+/// Turning it on again lets it warn once more. Setting the environment
+/// variable TORCHAMP_NO_SLOW_CPU_WARNING (any value) turns it off at start.
+void set_slow_cpu_warning(bool enabled);
+
 }  // namespace torchamp

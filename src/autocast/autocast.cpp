@@ -1,5 +1,6 @@
 #include <torchamp/autocast.h>
 
+#include "autocast/cpu_dtype.h"
 #include "compat/compat.h"
 
 namespace torchamp {
@@ -53,6 +54,10 @@ autocast::autocast(c10::DeviceType device_type, std::optional<at::ScalarType> dt
                     " is not supported on ", device_type, " by the running LibTorch ",
                     compat::runtime_torch_version(), " (CPU: BFloat16",
                     compat::kCpuAutocastFloat16 ? " and Half" : "", "; CUDA: Half and BFloat16)");
+  // Before any state changes: a warning handler may throw.
+  if (enabled && device_type == c10::DeviceType::CPU) {
+    detail::warn_if_slow_on_cpu(fast_dtype, "autocast");
+  }
 
   prev_enabled_ = compat::autocast_enabled(device_type);
   prev_dtype_ = compat::autocast_dtype(device_type);

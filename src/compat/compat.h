@@ -84,6 +84,24 @@ inline void set_autocast_dtype(c10::DeviceType d, at::ScalarType t) {
 /// only knows bfloat16 (Python's torch.autocast warns and disables itself).
 constexpr bool kCpuAutocastFloat16 = TORCHAMP_TORCH_AT_LEAST(2, 2);
 
+/// Collects the text of the warnings (TORCH_WARN) given while it is the
+/// installed handler (`c10::WarningUtils::WarningHandlerGuard`). LibTorch 2.0
+/// changed the handler's hook from (location, message, verbatim) to a
+/// `c10::Warning`.
+struct WarningCollector : c10::WarningHandler {
+  std::vector<std::string> messages;
+#if TORCHAMP_TORCH_AT_LEAST(2, 0)
+  void process(const c10::Warning& warning) override {
+    messages.push_back(warning.msg());
+  }
+#else
+  void process(const c10::SourceLocation& /*where*/, const std::string& message,
+               const bool /*verbatim*/) override {
+    messages.push_back(message);
+  }
+#endif
+};
+
 /// The version of the LibTorch this program runs against, as the loaded
 /// library reports it (`TORCH_VERSION` in its build settings, what Python's
 /// `torch.__config__.show()` prints), not the header it was compiled against;

@@ -13,6 +13,9 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #define TORCHAMP_X86_CPUID 1
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#define TORCHAMP_ARM_HWCAP 1
 #endif
 
 namespace torchamp {
@@ -40,10 +43,21 @@ CpuFeatures detect() {
   constexpr unsigned kF = 1u << 16, kDq = 1u << 17, kBw = 1u << 30, kVl = 1u << 31;
   const bool zmm_saved = (lo & 0xe6u) == 0xe6u;  // and the opmask and ZMM registers
   out.avx512 = out.avx2_f16c && zmm_saved && (b & (kF | kDq | kBw | kVl)) == (kF | kDq | kBw | kVl);
-  if (out.avx512 && max_subleaf >= 1) {
-    __get_cpuid_count(7, 1, &a, &b, &c, &d);
-    out.avx512_bf16 = (a & (1u << 5)) != 0;
+  if (out.avx512) {
+    out.avx512_fp16 = (d & (1u << 23)) != 0;
+    // AMX: the tile instructions, and the OS saving the tile state (XCR0 17, 18).
+    const bool amx = (d & (1u << 24)) != 0 && (lo & 0x60000u) == 0x60000u;
+    out.amx_bf16 = amx && (d & (1u << 22)) != 0;
+    if (max_subleaf >= 1) {
+      __get_cpuid_count(7, 1, &a, &b, &c, &d);
+      out.avx512_bf16 = (a & (1u << 5)) != 0;
+      out.amx_fp16 = amx && (a & (1u << 21)) != 0;
+    }
   }
+#endif
+#ifdef TORCHAMP_ARM_HWCAP
+  out.arm_fp16 = (getauxval(AT_HWCAP) & (1ul << 10)) != 0;   // HWCAP_ASIMDHP
+  out.arm_bf16 = (getauxval(AT_HWCAP2) & (1ul << 14)) != 0;  // HWCAP2_BF16
 #endif
   return out;
 }

@@ -75,12 +75,17 @@ bool cpu_supports(at::ScalarType dtype);
 bool unscale_cpu_(c10::ArrayRef<at::Tensor> tensors, float inv_scale,
                   std::vector<uint8_t>* per_tensor_found = nullptr);
 
-/// What this CPU and its OS offer the kernels (CPUID and XGETBV, read once
-/// per process).
+/// What this CPU and its OS offer the kernels and `cpu_has_fast` (CPUID and
+/// XGETBV on x86, the auxiliary vector on Arm Linux; read once per process).
 struct CpuFeatures {
   bool avx2_f16c = false;    // AVX2 and F16C
   bool avx512 = false;       // AVX512 F, DQ, BW and VL
   bool avx512_bf16 = false;  // and AVX512_BF16
+  bool avx512_fp16 = false;  // and AVX512_FP16
+  bool amx_bf16 = false;     // AMX tiles with BF16 (and the OS saves them)
+  bool amx_fp16 = false;     // AMX tiles with FP16
+  bool arm_bf16 = false;     // Arm: the BF16 instructions
+  bool arm_fp16 = false;     // Arm: half-precision vector arithmetic
 };
 const CpuFeatures& cpu_features();
 

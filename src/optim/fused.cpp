@@ -3,6 +3,7 @@
 
 #include <torchamp/optim.h>
 
+#include "autocast/cpu_dtype.h"
 #include "optim/updates.h"
 
 #include <ATen/core/grad_mode.h>
@@ -17,6 +18,7 @@ struct detail::FusedState::Impl {
   explicit Impl(bool master_weights) : masters(master_weights) {}
   StepCache cache;
   MasterWeights masters;
+  bool dtypes_checked = false;  // for the slow-CPU warning, at the first step
 };
 
 detail::FusedState::FusedState(bool master_weights)
@@ -69,6 +71,24 @@ struct Update<torch::optim::AdamW>
     : UpdateOf<torch::optim::AdamW, torch::optim::AdamWParamState, adamw_update,
                adam_tensors<torch::optim::AdamWParamState>> {};
 
+// Half-precision CPU parameters put the model's CPU matmuls in their dtype:
+// the one-time warning where this CPU is slow at it, checked at the first
+// step (a model may be cast after its optimizer was made).
+void warn_on_half_cpu_params(const torch::optim::Optimizer& opt, detail::FusedState::Impl& f) {
+  if (f.dtypes_checked) {
+    return;
+  }
+  f.dtypes_checked = true;
+  for (const auto& group : opt.param_groups()) {
+    for (const auto& p : group.params()) {
+      if (p.is_cpu()) {
+        torchamp::detail::warn_if_slow_on_cpu(
+            p.scalar_type(), "a model with half-precision parameters (given to torchamp::optim)");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 template <class Base>
@@ -85,6 +105,7 @@ Fused<Base>::~Fused() = default;
 
 template <class Base>
 at::Tensor Fused<Base>::step(torch::optim::Optimizer::LossClosure closure) {
+  warn_on_half_cpu_params(*this, fused_.impl());
   return fused_or_base_step<Fused, Base>(*this, std::move(closure));
 }
 
@@ -97,6 +118,7 @@ bool Fused<Base>::supports_amp_scaling() const {
 
 template <class Base>
 void Fused<Base>::amp_step(const AmpStepArgs& args) {
+  warn_on_half_cpu_params(*this, fused_.impl());
   Update<Base>::step(*this, fused_.impl(), args);
 }
 

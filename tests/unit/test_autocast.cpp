@@ -1,12 +1,18 @@
 // torchamp::autocast: sets and restores ATen's autocast state, nests, clears
 // the cast cache on the outermost exit, refuses what the LibTorch cannot do.
 #include <torchamp/autocast.h>
+#include <torchamp/optim.h>
 
+#include "autocast/cpu_dtype.h"
 #include "compat/compat.h"
 #include "test_util.h"
 
 #include <ATen/autocast_mode.h>
+#include <c10/util/Exception.h>
 #include <torch/torch.h>
+
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -317,6 +323,120 @@ TEST(Autocast, SupportTableMatchesTheLinkedLibTorch) {
 #if TORCH_VERSION_MAJOR == 1
   EXPECT_FALSE(autocast::is_supported(torch::kCPU, torch::kHalf));
 #endif
+}
+
+TEST(CpuHasFast, FollowsTheCpusNativeMatmulInstructions) {
+  using torchamp::detail::cpu_has_fast;
+  torchamp::kernels::CpuFeatures none;
+  EXPECT_TRUE(cpu_has_fast(torch::kFloat, none));
+  EXPECT_TRUE(cpu_has_fast(torch::kDouble, none));
+  EXPECT_FALSE(cpu_has_fast(torch::kBFloat16, none));
+  EXPECT_FALSE(cpu_has_fast(torch::kHalf, none));
+  // AVX-512 alone (emulated bfloat16 in oneDNN) is not native.
+  torchamp::kernels::CpuFeatures f = none;
+  f.avx2_f16c = f.avx512 = true;
+  EXPECT_FALSE(cpu_has_fast(torch::kBFloat16, f));
+  f.avx512_bf16 = true;
+  EXPECT_TRUE(cpu_has_fast(torch::kBFloat16, f));
+  EXPECT_FALSE(cpu_has_fast(torch::kHalf, f));
+  f = none;
+  f.amx_bf16 = true;
+  EXPECT_TRUE(cpu_has_fast(torch::kBFloat16, f));
+  f = none;
+  f.avx512_fp16 = true;
+  EXPECT_TRUE(cpu_has_fast(torch::kHalf, f));
+  EXPECT_FALSE(cpu_has_fast(torch::kBFloat16, f));
+  f = none;
+  f.amx_fp16 = true;
+  EXPECT_TRUE(cpu_has_fast(torch::kHalf, f));
+  f = none;
+  f.arm_bf16 = true;
+  EXPECT_TRUE(cpu_has_fast(torch::kBFloat16, f));
+  f = none;
+  f.arm_fp16 = true;
+  EXPECT_TRUE(cpu_has_fast(torch::kHalf, f));
+  // The public query reads this CPU's features.
+  for (auto dtype : {torch::kBFloat16, torch::kHalf, torch::kFloat}) {
+    EXPECT_EQ(torchamp::cpu_has_fast(dtype), cpu_has_fast(dtype, torchamp::kernels::cpu_features()))
+        << dtype;
+  }
+  expect_throws<c10::ValueError>([] { torchamp::cpu_has_fast(torch::kInt); },
+                                 "cpu_has_fast: dtype Int is not a floating-point type");
+}
+
+TEST(SlowCpuWarning, SaysWhatIsSlowWhyAndHowToSilenceIt) {
+  const std::string bf16 = torchamp::detail::slow_cpu_warning(torch::kBFloat16, "autocast");
+  for (const char* needle :
+       {"autocast puts CPU matmuls in bfloat16", "no native bfloat16", "AVX-512 BF16", "AMX-BF16",
+        "slower than float32", "memory still shrinks", "torchamp::cpu_has_fast(dtype)",
+        "torchamp::set_slow_cpu_warning(false)", "TORCHAMP_NO_SLOW_CPU_WARNING=1"}) {
+    EXPECT_NE(bf16.find(needle), std::string::npos) << needle << " in: " << bf16;
+  }
+  const std::string fp16 = torchamp::detail::slow_cpu_warning(torch::kHalf, "x");
+  EXPECT_NE(fp16.find("no native float16 matrix instructions (AVX-512 FP16 or AMX-FP16"),
+            std::string::npos)
+      << fp16;
+}
+
+TEST(SlowCpuWarning, GivenOncePerDtypeByAutocastOrAFusedOptimizerAndSilencedOnRequest) {
+  // A half-precision dtype this CPU is slow at (any CPU without AVX-512 FP16
+  // or AMX-FP16 for float16, the x86 CPUs CI runs on among them).
+  at::ScalarType slow = torch::kFloat;
+  for (auto dtype : {torch::kHalf, torch::kBFloat16}) {
+    if (!torchamp::cpu_has_fast(dtype)) {
+      slow = dtype;
+    }
+  }
+  if (slow == torch::kFloat) {
+    GTEST_SKIP() << "this CPU multiplies both bfloat16 and float16 natively";
+  }
+  const bool autocasts = autocast::is_supported(torch::kCPU, slow);
+  const std::string name = slow == torch::kHalf ? "float16" : "bfloat16";
+  // The check is at an optimizer's first step (not at every step).
+  auto optimizer_steps = [&] {
+    torchamp::optim::SGD opt({torch::zeros({2}, torch::TensorOptions().dtype(slow))},
+                             torch::optim::SGDOptions(0.1));
+    opt.step();
+    opt.step();
+  };
+  torchamp::compat::WarningCollector warnings;
+  c10::WarningUtils::WarningHandlerGuard installed(&warnings);
+  torchamp::set_slow_cpu_warning(true);  // on, and not yet given in this process
+  optimizer_steps();
+  optimizer_steps();
+  if (autocasts) {
+    autocast guard(torch::kCPU, slow);
+  }
+  ASSERT_EQ(warnings.messages.size(), 1u);
+  EXPECT_NE(warnings.messages[0].find("half-precision parameters (given to torchamp::optim) puts "
+                                      "CPU matmuls in " +
+                                      name),
+            std::string::npos)
+      << warnings.messages[0];
+  // float32 parameters and autocast off give none.
+  torchamp::set_slow_cpu_warning(true);
+  torchamp::optim::SGD fp32({torch::zeros({2})}, torch::optim::SGDOptions(0.1));
+  fp32.step();
+  { autocast off(torch::kCPU, slow, /*enabled=*/false); }
+  EXPECT_EQ(warnings.messages.size(), 1u);
+  if (autocasts) {
+    { autocast guard(torch::kCPU, slow); }
+    ASSERT_EQ(warnings.messages.size(), 2u);
+    EXPECT_NE(warnings.messages[1].find("autocast puts CPU matmuls in " + name), std::string::npos)
+        << warnings.messages[1];
+    { autocast guard(torch::kCPU, slow); }
+  }
+  // Off: nothing, even where it was never given.
+  torchamp::set_slow_cpu_warning(false);
+  torchamp::set_slow_cpu_warning(true);
+  torchamp::set_slow_cpu_warning(false);
+  const size_t before = warnings.messages.size();
+  optimizer_steps();
+  if (autocasts) {
+    autocast guard(torch::kCPU, slow);
+  }
+  EXPECT_EQ(warnings.messages.size(), before);
+  torchamp::set_slow_cpu_warning(true);
 }
 
 }  // namespace
