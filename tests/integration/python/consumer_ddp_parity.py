@@ -126,6 +126,40 @@ def values(lines):
     return [float.fromhex(l[6:]) for l in lines if l.startswith("param ")]
 
 
+def has_libuv_store():
+    from torch.distributed import TCPStore
+    try:
+        TCPStore("127.0.0.1", 0, 1, True, use_libuv=True)
+        return True
+    except RuntimeError as e:
+        if "libuv" not in str(e):
+            raise
+        return False
+
+
+def torchrun(cmd, env, nproc):
+    return subprocess.run(cmd, env=env, timeout=300).returncode
+
+
+def like_torchrun(cmd, env, nproc):
+    """cmd's program (after --no-python, or a Python file) on nproc ranks with
+    the variables torchrun sets for its workers."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    program = cmd[cmd.index("--nproc-per-node") + 2:]
+    program = program[1:] if program[0] == "--no-python" else [sys.executable] + program
+    ranks = []
+    for r in range(nproc):
+        rank_env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nproc),
+                        RANK=str(r), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0",
+                        ROLE_RANK=str(r), ROLE_WORLD_SIZE=str(nproc), GROUP_WORLD_SIZE="1")
+        ranks.append(subprocess.Popen(program, env=rank_env))
+    codes = [p.wait(timeout=300) for p in ranks]
+    return next((c for c in codes if c != 0), 0)
+
+
 def main():
     consumer, work = sys.argv[1], sys.argv[2]
     nproc = int(sys.argv[3]) if len(sys.argv) > 3 else 2
@@ -137,6 +171,15 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", str(nproc)]
+    launch = torchrun
+    if not has_libuv_store():
+        # Debian 13's torch 2.6 has no libuv, and its torchrun's rendezvous
+        # asks for it unconditionally: it cannot start. Start the ranks with
+        # the environment torchrun gives them (env://), the classic store.
+        print(f"torch {torch.__version__} has no libuv TCPStore, so its torchrun cannot "
+              "start: the ranks are started with torchrun's environment instead", flush=True)
+        launch = like_torchrun
+        env["USE_LIBUV"] = "0"
     ok = True
     for kind in ("fused", "libtorch"):
         cpp, py = os.path.join(work, f"cpp-{kind}"), os.path.join(work, f"py-{kind}")
@@ -146,7 +189,7 @@ def main():
                     os.remove(f"{prefix}.{r}")
         for cmd in (run + ["--no-python", consumer, cpp, kind], run + [__file__, TWIN, py, kind]):
             print("==", " ".join(cmd), flush=True)
-            rc = subprocess.run(cmd, env=env, timeout=300).returncode
+            rc = launch(cmd, env, nproc)
             if rc != 0:
                 print(f"FAIL: exit {rc}")
                 return 1
