@@ -32,8 +32,12 @@ int main() {
     scaler.update();
     (step == 0 ? first : last) = loss.item<double>();
   }
+  // float32 weights for inference or export: a float32 twin gets the masters
+  torch::nn::Linear exported(16, 1);
+  opt.export_float32(*model, *exported);
   std::cout << "loss " << first << " -> " << last
             << (last < first / 100 ? " (learned)" : " (did not learn)") << "  weight "
             << model->weight.scalar_type() << "  master "
-            << opt.master_weight(model->weight).scalar_type() << "\n";
+            << opt.master_weight(model->weight).scalar_type() << "  exported "
+            << exported->weight.scalar_type() << "\n";
 }

@@ -115,6 +115,13 @@ class Fused : public Base, public StepSupportsAmpScaling {
   /// What is stored for `param`'s master: the int16 remainder (bfloat16) or
   /// the float32 copy (float16), shared, not a copy; undefined when none.
   at::Tensor master_weight_storage(const at::Tensor& param) const;
+  /// Copies `from`'s parameters and buffers into the same-named ones of `to`
+  /// (a float32 twin of `from`, for sampling, inference or export): each
+  /// parameter's float32 master where this optimizer has one (bit for bit),
+  /// else its value, converted to `to`'s dtype. Throws `c10::ValueError`,
+  /// changing nothing, naming the first name one module has and the other
+  /// lacks, or whose shapes differ.
+  void export_float32(const torch::nn::Module& from, torch::nn::Module& to) const;
 
  private:
   detail::FusedState fused_;

@@ -153,6 +153,46 @@ at::Tensor Fused<Base>::master_weight_storage(const at::Tensor& param) const {
   return master_storage(fused_.impl().masters, param);
 }
 
+namespace {
+
+// `from`'s tensors under `to`'s names, checked before anything is copied.
+void check_same_names(const torch::OrderedDict<std::string, at::Tensor>& from,
+                      const torch::OrderedDict<std::string, at::Tensor>& to, const char* what) {
+  for (const auto& item : from) {
+    const at::Tensor* twin = to.find(item.key());
+    TORCH_CHECK_VALUE(twin != nullptr, "export_float32: the target module has no ", what, " '",
+                      item.key(), "'");
+    TORCH_CHECK_VALUE(twin->sizes() == item.value().sizes(), "export_float32: ", what, " '",
+                      item.key(), "' has shape ", item.value().sizes(),
+                      " in the source module and ", twin->sizes(), " in the target");
+  }
+  for (const auto& item : to) {
+    TORCH_CHECK_VALUE(from.contains(item.key()), "export_float32: the source module has no ", what,
+                      " '", item.key(), "'");
+  }
+}
+
+}  // namespace
+
+template <class Base>
+void Fused<Base>::export_float32(const torch::nn::Module& from, torch::nn::Module& to) const {
+  const auto params = from.named_parameters(), target_params = to.named_parameters();
+  const auto buffers = from.named_buffers(), target_buffers = to.named_buffers();
+  check_same_names(params, target_params, "parameter");
+  check_same_names(buffers, target_buffers, "buffer");
+  if (&from == &to) {
+    return;
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& item : params) {
+    const at::Tensor master = master_weight(item.value());
+    target_params[item.key()].copy_(master.defined() ? master : item.value());
+  }
+  for (const auto& item : buffers) {
+    target_buffers[item.key()].copy_(item.value());
+  }
+}
+
 template class Fused<torch::optim::SGD>;
 template class Fused<torch::optim::Adam>;
 template class Fused<torch::optim::AdamW>;

@@ -774,3 +774,102 @@ TEST(MasterWeights, PaddleO2MasterWeightLinear) {
 }
 
 }  // namespace
+
+namespace {
+
+// A model with parameters in two submodules, one that never gets a gradient
+// (so has no master), and buffers of a floating and an integer dtype.
+struct ExportNet : torch::nn::Module {
+  ExportNet(at::ScalarType dtype, int64_t hidden = 8)
+      : fc1(register_module("fc1", torch::nn::Linear(4, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, 1))),
+        unused(register_parameter("unused", torch::randn({3}))),
+        running(register_buffer("running", torch::randn({hidden}))),
+        count(register_buffer("count", torch::full({1}, 7, torch::kLong))) {
+    to(dtype);
+    count = count.to(torch::kLong);
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const auto f = [](const at::Tensor& t) { return t.to(torch::kFloat); };
+    const auto h = torch::relu(torch::nn::functional::linear(x, f(fc1->weight), f(fc1->bias)));
+    return torch::nn::functional::linear(h, f(fc2->weight), f(fc2->bias));
+  }
+  torch::nn::Linear fc1, fc2;
+  at::Tensor unused, running, count;
+};
+
+}  // namespace
+
+TEST(MasterWeights, ExportFloat32CopiesTheMastersIntoAFloat32Twin) {
+  for (const auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    torch::manual_seed(0);
+    auto model = std::make_shared<ExportNet>(dtype);
+    torchamp::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2), kMasters);
+    GradScaler scaler;
+    const auto x = torch::randn({64, 4});
+    const auto y = x.sum(1, true);
+    for (int step = 0; step < 20; ++step) {
+      opt.zero_grad();
+      scaler.scale(torch::mse_loss(model->forward(x), y)).backward();
+      scaler.step(opt);
+      scaler.update();
+    }
+    model->running.add_(0.5);
+
+    auto twin = std::make_shared<ExportNet>(torch::kFloat);
+    opt.export_float32(*model, *twin);
+    for (const auto& item : model->named_parameters()) {
+      SCOPED_TRACE(item.key());
+      const at::Tensor master = opt.master_weight(item.value());
+      const at::Tensor& out = twin->named_parameters()[item.key()];
+      EXPECT_EQ(out.scalar_type(), torch::kFloat);
+      if (item.key() == "unused") {
+        EXPECT_FALSE(master.defined());  // no gradient, no step, no master
+        EXPECT_TRUE(torch::equal(out, item.value().to(torch::kFloat)));
+      } else {
+        ASSERT_TRUE(master.defined());
+        EXPECT_TRUE(torch::equal(out, master));
+        // The master is more than the parameter widened: its low bits survive.
+        EXPECT_FALSE(torch::equal(out, item.value().to(torch::kFloat)));
+      }
+    }
+    EXPECT_TRUE(torch::equal(twin->running, model->running.to(torch::kFloat)));
+    EXPECT_EQ(twin->count.scalar_type(), torch::kLong);
+    EXPECT_EQ(twin->count.item<int64_t>(), 7);
+    // The float32 twin saves and loads like any float32 model, and predicts
+    // as the masters do.
+    const std::string path = testing::TempDir() + "export_float32.pt";
+    torch::save(twin, path);
+    auto loaded = std::make_shared<ExportNet>(torch::kFloat);
+    torch::load(loaded, path);
+    std::remove(path.c_str());
+    EXPECT_TRUE(torch::equal(loaded->forward(x), twin->forward(x)));
+    EXPECT_LT(
+        torch::mse_loss(loaded->forward(x), y).item<double>(),
+        torch::mse_loss(std::make_shared<ExportNet>(torch::kFloat)->forward(x), y).item<double>());
+  }
+}
+
+TEST(MasterWeights, ExportFloat32RefusesAModelOfAnotherShapeChangingNothing) {
+  torch::manual_seed(1);
+  auto model = std::make_shared<ExportNet>(torch::kBFloat16);
+  torchamp::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2), kMasters);
+  auto wider = std::make_shared<ExportNet>(torch::kFloat, /*hidden=*/9);
+  const auto before = wider->fc1->bias.clone();
+  torchamp_test::expect_throws<c10::ValueError>(
+      [&] { opt.export_float32(*model, *wider); },
+      "export_float32: parameter 'fc1.weight' has shape [8, 4] in the source "
+      "module and [9, 4] in the target");
+  EXPECT_TRUE(torch::equal(wider->fc1->bias, before));
+
+  auto other = std::make_shared<ExportNet>(torch::kFloat);
+  other->register_parameter("extra", torch::zeros({1}));
+  torchamp_test::expect_throws<c10::ValueError>([&] { opt.export_float32(*model, *other); },
+                                                "the source module has no parameter 'extra'");
+  torchamp_test::expect_throws<c10::ValueError>([&] { opt.export_float32(*other, *model); },
+                                                "the target module has no parameter 'extra'");
+  torch::nn::Linear plain(4, 8);
+  torchamp_test::expect_throws<c10::ValueError>([&] { opt.export_float32(*model, *plain); },
+                                                "the target module has no parameter 'unused'");
+}
