@@ -85,7 +85,7 @@ inline void set_autocast_dtype(c10::DeviceType d, at::ScalarType t) {
 constexpr bool kCpuAutocastFloat16 = TORCHAMP_TORCH_AT_LEAST(2, 2);
 
 /// Collects the text of the warnings (TORCH_WARN) given while it is the
-/// installed handler (`c10::WarningUtils::WarningHandlerGuard`). LibTorch 2.0
+/// installed handler (`WarningHandlerGuard` below). LibTorch 2.0
 /// changed the handler's hook from (location, message, verbatim) to a
 /// `c10::Warning`.
 struct WarningCollector : c10::WarningHandler {
@@ -101,6 +101,14 @@ struct WarningCollector : c10::WarningHandler {
   }
 #endif
 };
+
+/// Installs a warning handler for its scope (c10::WarningUtils' since 2.0,
+/// c10::Warning's before).
+#if TORCHAMP_TORCH_AT_LEAST(2, 0)
+using WarningHandlerGuard = c10::WarningUtils::WarningHandlerGuard;
+#else
+using WarningHandlerGuard = c10::Warning::WarningHandlerGuard;
+#endif
 
 /// The version of the LibTorch this program runs against, as the loaded
 /// library reports it (`TORCH_VERSION` in its build settings, what Python's

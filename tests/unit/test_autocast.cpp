@@ -400,7 +400,7 @@ TEST(SlowCpuWarning, GivenOncePerDtypeByAutocastOrAFusedOptimizerAndSilencedOnRe
     opt.step();
   };
   torchamp::compat::WarningCollector warnings;
-  c10::WarningUtils::WarningHandlerGuard installed(&warnings);
+  torchamp::compat::WarningHandlerGuard installed(&warnings);
   torchamp::set_slow_cpu_warning(true);  // on, and not yet given in this process
   optimizer_steps();
   optimizer_steps();
@@ -417,7 +417,9 @@ TEST(SlowCpuWarning, GivenOncePerDtypeByAutocastOrAFusedOptimizerAndSilencedOnRe
   torchamp::set_slow_cpu_warning(true);
   torchamp::optim::SGD fp32({torch::zeros({2})}, torch::optim::SGDOptions(0.1));
   fp32.step();
-  { autocast off(torch::kCPU, slow, /*enabled=*/false); }
+  if (autocasts) {  // LibTorch 1.13 refuses float16 on the CPU even when disabled
+    autocast off(torch::kCPU, slow, /*enabled=*/false);
+  }
   EXPECT_EQ(warnings.messages.size(), 1u);
   if (autocasts) {
     { autocast guard(torch::kCPU, slow); }
