@@ -155,7 +155,8 @@ at::Tensor Fused<Base>::master_weight_storage(const at::Tensor& param) const {
 
 namespace {
 
-// `from`'s tensors under `to`'s names, checked before anything is copied.
+// Every name of one module is the other's too, with the same shape: checked
+// before anything is copied.
 void check_same_names(const torch::OrderedDict<std::string, at::Tensor>& from,
                       const torch::OrderedDict<std::string, at::Tensor>& to, const char* what) {
   for (const auto& item : from) {
