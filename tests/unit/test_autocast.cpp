@@ -327,34 +327,32 @@ TEST(Autocast, SupportTableMatchesTheLinkedLibTorch) {
 
 TEST(CpuHasFast, FollowsTheCpusNativeMatmulInstructions) {
   using torchamp::detail::cpu_has_fast;
-  torchamp::kernels::CpuFeatures none;
+  using Features = torchamp::kernels::CpuFeatures;
+  Features none;
   EXPECT_TRUE(cpu_has_fast(torch::kFloat, none));
   EXPECT_TRUE(cpu_has_fast(torch::kDouble, none));
   EXPECT_FALSE(cpu_has_fast(torch::kBFloat16, none));
   EXPECT_FALSE(cpu_has_fast(torch::kHalf, none));
   // AVX-512 alone (emulated bfloat16 in oneDNN) is not native.
-  torchamp::kernels::CpuFeatures f = none;
+  Features f = none;
   f.avx2_f16c = f.avx512 = true;
   EXPECT_FALSE(cpu_has_fast(torch::kBFloat16, f));
-  f.avx512_bf16 = true;
-  EXPECT_TRUE(cpu_has_fast(torch::kBFloat16, f));
-  EXPECT_FALSE(cpu_has_fast(torch::kHalf, f));
-  f = none;
-  f.amx_bf16 = true;
-  EXPECT_TRUE(cpu_has_fast(torch::kBFloat16, f));
-  f = none;
-  f.avx512_fp16 = true;
-  EXPECT_TRUE(cpu_has_fast(torch::kHalf, f));
-  EXPECT_FALSE(cpu_has_fast(torch::kBFloat16, f));
-  f = none;
-  f.amx_fp16 = true;
-  EXPECT_TRUE(cpu_has_fast(torch::kHalf, f));
-  f = none;
-  f.arm_bf16 = true;
-  EXPECT_TRUE(cpu_has_fast(torch::kBFloat16, f));
-  f = none;
-  f.arm_fp16 = true;
-  EXPECT_TRUE(cpu_has_fast(torch::kHalf, f));
+  // Each native feature alone makes its own dtype fast, not the other one.
+  struct Case {
+    bool Features::*feature;
+    at::ScalarType fast, other;
+  };
+  for (const Case& c : {Case{&Features::avx512_bf16, torch::kBFloat16, torch::kHalf},
+                        Case{&Features::amx_bf16, torch::kBFloat16, torch::kHalf},
+                        Case{&Features::arm_bf16, torch::kBFloat16, torch::kHalf},
+                        Case{&Features::avx512_fp16, torch::kHalf, torch::kBFloat16},
+                        Case{&Features::amx_fp16, torch::kHalf, torch::kBFloat16},
+                        Case{&Features::arm_fp16, torch::kHalf, torch::kBFloat16}}) {
+    Features one = none;
+    one.*c.feature = true;
+    EXPECT_TRUE(cpu_has_fast(c.fast, one)) << c.fast;
+    EXPECT_FALSE(cpu_has_fast(c.other, one)) << c.fast;
+  }
   // The public query reads this CPU's features.
   for (auto dtype : {torch::kBFloat16, torch::kHalf, torch::kFloat}) {
     EXPECT_EQ(torchamp::cpu_has_fast(dtype), cpu_has_fast(dtype, torchamp::kernels::cpu_features()))
