@@ -822,7 +822,7 @@ TEST(MasterWeights, ExportFloat32CopiesTheMastersIntoAFloat32Twin) {
     for (const auto& item : model->named_parameters()) {
       SCOPED_TRACE(item.key());
       const at::Tensor master = opt.master_weight(item.value());
-      const at::Tensor& out = twin->named_parameters()[item.key()];
+      const at::Tensor out = twin->named_parameters()[item.key()];
       EXPECT_EQ(out.scalar_type(), torch::kFloat);
       if (item.key() == "unused") {
         EXPECT_FALSE(master.defined());  // no gradient, no step, no master
