@@ -22,7 +22,9 @@
 /// (`torchamp/amp_step.h`) and leaves the gradients unscaled, as Python's
 /// fused optimizers. `FusedOptions().master_weights(true)`: float32 masters
 /// for float16/bfloat16 parameters (Paddle's `multi_precision`), carried by
-/// `save`/`load`. The details, and how each differs from Python:
+/// `save`/`load`; `FusedOptions().stochastic_rounding(true)`: bfloat16
+/// parameters and state rounded stochastically, no masters (half the
+/// optimizer memory). The details, and how each differs from Python:
 /// docs/optimizers.md.
 
 #include <torchamp/config.h>
@@ -46,16 +48,28 @@ struct FusedOptions {
   /// (Paddle's `multi_precision`). Default false: parameters of every dtype
   /// are updated in their own storage, as LibTorch's optimizers.
   TORCH_ARG(bool, master_weights) = false;
+  /// bfloat16 parameters without master weights: each update is computed in
+  /// float32 and written back to the parameter and its (bfloat16) state with
+  /// stochastic rounding, so that updates smaller than half a bfloat16 step
+  /// are kept on average instead of lost. Every parameter must be bfloat16 on
+  /// the CPU; with `master_weights` it is a `c10::ValueError`.
+  TORCH_ARG(bool, stochastic_rounding) = false;
+  /// The rounding noise's seed. The noise of each update is a function of
+  /// the seed, the count of updates rounded so far and the parameter's index,
+  /// so every rank of a data-parallel job rounds alike (identical weights,
+  /// no communication), and `save`/`load` carry the count (exact resume).
+  TORCH_ARG(uint64_t, seed) = 0;
 };
 
 namespace detail {
 
 /// A fused optimizer's private state: the step cache (each parameter's state
-/// key and the state it last validated) and the master weights, defined in
-/// src/optim/. Not the optimizer's state dict; not copyable.
+/// key and the state it last validated), the master weights and the
+/// stochastic rounding's generator, defined in src/optim/. Not the
+/// optimizer's state dict; not copyable.
 class FusedState {
  public:
-  explicit FusedState(bool master_weights = false);
+  explicit FusedState(const FusedOptions& options = FusedOptions());
   ~FusedState();
   FusedState(const FusedState& other) = delete;
   FusedState& operator=(const FusedState& other) = delete;
@@ -101,12 +115,14 @@ class Fused : public Base, public StepSupportsAmpScaling {
   at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override;
   bool supports_amp_scaling() const override;
   void amp_step(const AmpStepArgs& args) override;
-  /// The base class's state, then the master weights (when on).
+  /// The base class's state, then the master weights and the stochastic
+  /// rounding's generator (when on).
   void save(torch::serialize::OutputArchive& archive) const override;
-  /// Reads and checks the master weights first, then loads the base class's
-  /// state. Throws `c10::ValueError`, changing nothing, for an archive with
-  /// master weights into an optimizer without them or the reverse, or a
-  /// master that does not fit its parameter (dtype, size).
+  /// Reads and checks the master weights and the rounding's generator first,
+  /// then loads the base class's state. Throws `c10::ValueError`, changing
+  /// nothing, for an archive with master weights (or stochastic rounding)
+  /// into an optimizer without them or the reverse, or a master that does
+  /// not fit its parameter (dtype, size).
   void load(torch::serialize::InputArchive& archive) override;
   FusedOptions fused_options() const;
   /// `param`'s float32 master (a new tensor, bit-exact); undefined before

@@ -40,6 +40,28 @@ inline uint16_t float_to_bf16(float v) {
   return v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
 }
 
+/// float32 -> bfloat16 with stochastic rounding: `v` rounds away from zero
+/// (to the neighbour of larger magnitude) with probability (its low 16 bits)
+/// / 65536, else toward zero, so that over uniform `noise` (16 bits) the mean
+/// of the result is exactly `v`. Infinities stay, NaN -> 0x7FC0 as
+/// float_to_bf16; a value beyond bfloat16's largest finite one may round to
+/// infinity (its neighbour above).
+inline uint16_t float_to_bf16_stochastic(float v, uint32_t noise) {
+  const uint32_t rounded = (bits_of(v) + (noise & 0xffffu)) >> 16;
+  return v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
+}
+
+/// A 32-bit integer hash (a bijection: Wellons' lowbias32), the stochastic
+/// rounding's noise per element.
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
 /// float16 bits -> float32, exactly c10::Half's conversion: exact, and a
 /// NaN keeps its payload and comes out quiet (c10's multiply sets a
 /// signalling NaN's top mantissa bit, as F16C's VCVTPH2PS does). Branch-free

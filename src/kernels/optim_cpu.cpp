@@ -28,25 +28,38 @@ namespace torchamp {
 namespace kernels {
 namespace {
 
-// Element storage: load() widens to the compute type M, store() rounds once.
+// Element storage: load() widens to the compute type M, store() rounds once
+// (`noise`: 16 random bits, read by stochastic rounding only).
 template <class S>
 struct Io {
   using T = S;
   using M = S;
   static M load(const S* p, int64_t i) { return p[i]; }
-  static void store(S* p, int64_t i, M v) { p[i] = v; }
+  static void store(S* p, int64_t i, M v, uint32_t /*noise*/ = 0) { p[i] = v; }
 };
 struct Bf16 {  // bfloat16 bits, rounded to nearest even (c10::BFloat16)
   using T = uint16_t;
   using M = float;
   static float load(const uint16_t* p, int64_t i) { return bf16_to_float(p[i]); }
-  static void store(uint16_t* p, int64_t i, float v) { p[i] = float_to_bf16(v); }
+  static void store(uint16_t* p, int64_t i, float v, uint32_t /*noise*/ = 0) {
+    p[i] = float_to_bf16(v);
+  }
+};
+struct Bf16Sr {  // bfloat16 bits, rounded stochastically
+  using T = uint16_t;
+  using M = float;
+  static float load(const uint16_t* p, int64_t i) { return bf16_to_float(p[i]); }
+  static void store(uint16_t* p, int64_t i, float v, uint32_t noise) {
+    p[i] = float_to_bf16_stochastic(v, noise);
+  }
 };
 struct F16 {  // float16 bits, converted exactly as c10::Half
   using T = uint16_t;
   using M = float;
   static float load(const uint16_t* p, int64_t i) { return f16_to_float(p[i]); }
-  static void store(uint16_t* p, int64_t i, float v) { p[i] = float_to_f16(v); }
+  static void store(uint16_t* p, int64_t i, float v, uint32_t /*noise*/ = 0) {
+    p[i] = float_to_f16(v);
+  }
 };
 
 // How the update reads and writes a parameter's value (in M).
@@ -57,7 +70,7 @@ struct PlainParam {  // the parameter is the value
   explicit PlainParam(const void* param, const void* /*master*/)
       : p(static_cast<typename E::T*>(const_cast<void*>(param))) {}
   M load(int64_t i) const { return E::load(p, i); }
-  void store(int64_t i, M v) { E::store(p, i, v); }
+  void store(int64_t i, M v, uint32_t noise = 0) { E::store(p, i, v, noise); }
 };
 
 // A bfloat16 parameter whose float32 master is its own 16 bits and a signed
@@ -78,7 +91,7 @@ struct Bf16Master {
     return float_of((static_cast<uint32_t>(p[i]) << 16) +
                     static_cast<uint32_t>(static_cast<int32_t>(r[i])));
   }
-  void store(int64_t i, float v) {
+  void store(int64_t i, float v, uint32_t /*noise*/ = 0) {
     const uint32_t b = bits_of(v);
     const auto rem = static_cast<int16_t>(static_cast<uint16_t>(b & 0xffffu));
     p[i] = static_cast<uint16_t>((b >> 16) + (rem < 0 ? 1u : 0u));
@@ -96,7 +109,7 @@ struct F16Master {
       : p(static_cast<uint16_t*>(const_cast<void*>(param))),
         m(static_cast<float*>(const_cast<void*>(master))) {}
   float load(int64_t i) const { return m[i]; }
-  void store(int64_t i, float v) {
+  void store(int64_t i, float v, uint32_t /*noise*/ = 0) {
     m[i] = v;
     p[i] = float_to_f16(v);
   }
@@ -116,12 +129,13 @@ __attribute__((always_inline)) inline typename G::M read_grad(typename G::T* __r
 }
 
 // A kind of parameter the kernels take: P, the parameter's access; G, the
-// gradient's storage; S, the state's.
-template <class P_, class G_, class S_>
+// gradient's storage; S, the state's; whether its stores round stochastically.
+template <class P_, class G_, class S_, bool kStochastic_ = false>
 struct Kind {
   using P = P_;
   using G = G_;
   using S = S_;
+  static constexpr bool kStochastic = kStochastic_;
 };
 using KindF32 = Kind<PlainParam<Io<float>>, Io<float>, Io<float>>;
 using KindF64 = Kind<PlainParam<Io<double>>, Io<double>, Io<double>>;
@@ -129,6 +143,31 @@ using KindBf16 = Kind<PlainParam<Bf16>, Bf16, Bf16>;
 using KindF16 = Kind<PlainParam<F16>, F16, F16>;
 using KindBf16Master = Kind<Bf16Master, Bf16, Io<float>>;
 using KindF16Master = Kind<F16Master, F16, Io<float>>;
+// The gradient written back (unscaled) rounds to nearest even, as ATen's.
+using KindBf16Stochastic = Kind<PlainParam<Bf16Sr>, Bf16, Bf16Sr, true>;
+
+// Element i's noise for each stored tensor of a stochastic job (16 bits
+// each: p, the parameter; s0..s2, the state's tensors): hashes of i and the
+// job's key, computed where the loop needs them (none for other kinds).
+struct NoiseBits {
+  uint32_t p = 0, s0 = 0, s1 = 0, s2 = 0;
+};
+template <bool kStochastic>
+struct Noise {
+  explicit Noise(uint64_t /*key*/) {}
+  NoiseBits at(int64_t /*i*/) const { return {}; }
+};
+template <>
+struct Noise<true> {
+  uint32_t k0, k1;
+  explicit Noise(uint64_t key)
+      : k0(static_cast<uint32_t>(key)), k1(static_cast<uint32_t>(key >> 32)) {}
+  NoiseBits at(int64_t i) const {
+    const uint32_t a = mix32(mix32(static_cast<uint32_t>(i) + k0) ^ k1);
+    const uint32_t b = mix32(a + k1);
+    return {a & 0xffffu, a >> 16, b & 0xffffu, b >> 16};
+  }
+};
 
 // The arithmetic of one Adam element, written once: the one-pass loops run
 // it on scalars, the vector loops below on 8 or 16 floats (V8, V16), the same
@@ -193,6 +232,7 @@ __attribute__((always_inline)) inline void adam_loop(const AdamJob& j, int64_t b
   // As ATen rounds its Scalars to the tensor's compute type.
   const auto to_m = [](double x) { return static_cast<M>(x); };
   TORCHAMP_ADAM_CONSTANTS(M, to_m);
+  const Noise<K::kStochastic> noise(j.noise_key);
   for (int64_t i = b; i < e; ++i) {
     M gi = read_grad<G, kUnscale>(g, i, scale);
     M pi = p.load(i);
@@ -201,12 +241,13 @@ __attribute__((always_inline)) inline void adam_loop(const AdamJob& j, int64_t b
     M vmi = kAmsgrad ? S::load(vmax, i) : M{};
     TORCHAMP_ADAM_ELEMENT(gi, pi, mi, vi, vmi);
     // Each stored tensor rounded once (16-bit storage); the update used the unrounded values.
-    S::store(m, i, mi);
-    S::store(v, i, vi);
+    const NoiseBits n = noise.at(i);
+    S::store(m, i, mi, n.s0);
+    S::store(v, i, vi, n.s1);
     if (kAmsgrad) {
-      S::store(vmax, i, vmi);
+      S::store(vmax, i, vmi, n.s2);
     }
-    p.store(i, pi);
+    p.store(i, pi, n.p);
   }
 }
 
@@ -230,22 +271,30 @@ TORCHAMP_ADAM_LOOPS(bf16, KindBf16)
 TORCHAMP_ADAM_LOOPS(f16, KindF16)
 TORCHAMP_ADAM_LOOPS(bf16_master, KindBf16Master)
 TORCHAMP_ADAM_LOOPS(f16_master, KindF16Master)
+TORCHAMP_ADAM_LOOPS(bf16_stochastic, KindBf16Stochastic)
 #undef TORCHAMP_ADAM_LOOPS
 #undef TORCHAMP_ADAM_LOOP
 
 // A job's kind: the first index of the loop tables below.
-int kind_of(at::ScalarType dtype, const void* master) {
-  switch (dtype) {
+template <class Job>
+int kind_of(const Job& j) {
+  TORCH_INTERNAL_ASSERT(j.master == nullptr || j.dtype == at::kBFloat16 || j.dtype == at::kHalf,
+                        "a master weight for a ", j.dtype, " parameter");
+  TORCH_INTERNAL_ASSERT(!j.stochastic || (j.dtype == at::kBFloat16 && j.master == nullptr),
+                        "stochastic rounding of a ", j.dtype, " parameter",
+                        j.master != nullptr ? " with a master weight" : "");
+  const bool master = j.master != nullptr;
+  switch (j.dtype) {
     case at::kFloat:
       return 0;
     case at::kDouble:
       return 1;
     case at::kBFloat16:
-      return master != nullptr ? 4 : 2;
+      return master ? 4 : j.stochastic ? 6 : 2;
     case at::kHalf:
-      return master != nullptr ? 5 : 3;
+      return master ? 5 : 3;
     default:
-      TORCH_INTERNAL_ASSERT(false, "unreachable dtype ", dtype);
+      TORCH_INTERNAL_ASSERT(false, "unreachable dtype ", j.dtype);
   }
 }
 
@@ -260,13 +309,16 @@ using AdamLoop = void (*)(const AdamJob&, int64_t, int64_t, float);
 
 // The loop for a job: [kind][decoupled][amsgrad][unscale].
 AdamLoop adam_loop_for(const AdamJob& j, bool unscale) {
-  static const AdamLoop kLoops[6][2][2][2] = {
-      TORCHAMP_ADAM_ROW(f32), TORCHAMP_ADAM_ROW(f64),         TORCHAMP_ADAM_ROW(bf16),
-      TORCHAMP_ADAM_ROW(f16), TORCHAMP_ADAM_ROW(bf16_master), TORCHAMP_ADAM_ROW(f16_master),
+  static const AdamLoop kLoops[7][2][2][2] = {
+      TORCHAMP_ADAM_ROW(f32),
+      TORCHAMP_ADAM_ROW(f64),
+      TORCHAMP_ADAM_ROW(bf16),
+      TORCHAMP_ADAM_ROW(f16),
+      TORCHAMP_ADAM_ROW(bf16_master),
+      TORCHAMP_ADAM_ROW(f16_master),
+      TORCHAMP_ADAM_ROW(bf16_stochastic),
   };
-  TORCH_INTERNAL_ASSERT(j.master == nullptr || j.dtype == at::kBFloat16 || j.dtype == at::kHalf,
-                        "a master weight for a ", j.dtype, " parameter");
-  return kLoops[kind_of(j.dtype, j.master)][j.decoupled][j.max_exp_avg_sq != nullptr][unscale];
+  return kLoops[kind_of(j)][j.decoupled][j.max_exp_avg_sq != nullptr][unscale];
 }
 #undef TORCHAMP_ADAM_ROW
 
@@ -309,15 +361,17 @@ __attribute__((always_inline)) inline void sgd_loop(const SgdJob& j, int64_t b, 
   auto* __restrict buf = static_cast<typename S::T*>(j.momentum_buffer);
   const auto to_m = [](double x) { return static_cast<M>(x); };
   TORCHAMP_SGD_CONSTANTS(M, to_m);
+  const Noise<K::kStochastic> noise(j.noise_key);
   for (int64_t i = b; i < e; ++i) {
     M d = read_grad<G, kUnscale>(g, i, scale);
     M pi = p.load(i);
     M bi = has_momentum && !first ? S::load(buf, i) : M{};
     TORCHAMP_SGD_ELEMENT(d, pi, bi);
+    const NoiseBits n = noise.at(i);
     if (has_momentum) {
-      S::store(buf, i, bi);
+      S::store(buf, i, bi, n.s0);
     }
-    p.store(i, pi);
+    p.store(i, pi, n.p);
   }
 }
 
@@ -334,22 +388,22 @@ TORCHAMP_SGD_LOOP(sgd_bf16, KindBf16)
 TORCHAMP_SGD_LOOP(sgd_f16, KindF16)
 TORCHAMP_SGD_LOOP(sgd_bf16_master, KindBf16Master)
 TORCHAMP_SGD_LOOP(sgd_f16_master, KindF16Master)
+TORCHAMP_SGD_LOOP(sgd_bf16_stochastic, KindBf16Stochastic)
 #undef TORCHAMP_SGD_LOOP
 
 using SgdLoop = void (*)(const SgdJob&, int64_t, int64_t, float);
 
 SgdLoop sgd_loop_for(const SgdJob& j, bool unscale) {
-  static const SgdLoop kLoops[6][2] = {
+  static const SgdLoop kLoops[7][2] = {
       {sgd_f32, sgd_f32_unscale},
       {sgd_f64, sgd_f64_unscale},
       {sgd_bf16, sgd_bf16_unscale},
       {sgd_f16, sgd_f16_unscale},
       {sgd_bf16_master, sgd_bf16_master_unscale},
       {sgd_f16_master, sgd_f16_master_unscale},
+      {sgd_bf16_stochastic, sgd_bf16_stochastic_unscale},
   };
-  TORCH_INTERNAL_ASSERT(j.master == nullptr || j.dtype == at::kBFloat16 || j.dtype == at::kHalf,
-                        "a master weight for a ", j.dtype, " parameter");
-  return kLoops[kind_of(j.dtype, j.master)][unscale];
+  return kLoops[kind_of(j)][unscale];
 }
 
 AdamLoop loop_for(const AdamJob& j, bool unscale) {
@@ -700,6 +754,17 @@ void run_jobs(const std::vector<Job>& jobs, const float* grad_scale, Run run) {
 }
 
 }  // namespace
+
+uint64_t rounding_key(uint64_t seed, uint64_t update, uint64_t index) {
+  // splitmix64's finaliser, chained.
+  const auto mix64 = [](uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  };
+  return mix64(mix64(seed ^ mix64(update)) + index);
+}
 
 bool optim_supports(at::ScalarType dtype) {
   return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||

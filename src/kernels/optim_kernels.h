@@ -13,6 +13,11 @@
 // update runs against the float32 master, and the parameter is written as the master rounded. A
 // bfloat16 parameter's master is the parameter's 16 bits and an int16 remainder (`master`:
 // numel int16), a float16 parameter's a float32 copy (`master`: numel float32).
+//
+// Stochastic rounding (`stochastic`, bfloat16 parameters without a master only): the update runs
+// in float32 as above, and the parameter and its bfloat16 state are each written back rounded
+// stochastically (float_to_bf16_stochastic), the noise of element i a hash of i and the job's
+// `noise_key` (rounding_key): the same key gives the same bits, on any thread split or rank.
 
 #include <c10/core/ScalarType.h>
 
@@ -42,6 +47,8 @@ struct AdamJob {
   double step_size;              // lr / (1 - beta1^step)
   double bias_correction2_sqrt;  // sqrt(1 - beta2^step)
   bool decoupled;                // AdamW: p *= 1 - lr * weight_decay; Adam: g += weight_decay * p
+  bool stochastic = false;       // see the top of this file
+  uint64_t noise_key = 0;
 };
 
 /// One parameter of an SGD step. `momentum_buffer` is null when momentum is
@@ -60,7 +67,14 @@ struct SgdJob {
   double weight_decay;
   bool nesterov;
   bool first;
+  bool stochastic = false;  // see the top of this file
+  uint64_t noise_key = 0;
 };
+
+/// The stochastic rounding noise's key for one parameter's update: a hash of
+/// the optimizer's seed, its count of rounded updates and the parameter's
+/// index in param-group order.
+uint64_t rounding_key(uint64_t seed, uint64_t update, uint64_t index);
 
 /// True for the dtypes the fused kernels take: float32, float64, bfloat16, float16.
 bool optim_supports(at::ScalarType dtype);

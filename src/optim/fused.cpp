@@ -15,14 +15,17 @@ namespace torchamp {
 namespace optim {
 
 struct detail::FusedState::Impl {
-  explicit Impl(bool master_weights) : masters(master_weights) {}
+  explicit Impl(const FusedOptions& options)
+      : masters(options.master_weights()),
+        rounding{options.stochastic_rounding(), options.seed(), 0} {}
   StepCache cache;
   MasterWeights masters;
+  StochasticRounding rounding;
   bool dtypes_checked = false;  // for the slow-CPU warning, at the first step
 };
 
-detail::FusedState::FusedState(bool master_weights)
-    : impl_(std::make_unique<Impl>(master_weights)) {}
+detail::FusedState::FusedState(const FusedOptions& options)
+    : impl_(std::make_unique<Impl>(options)) {}
 detail::FusedState::~FusedState() = default;
 
 namespace {
@@ -47,13 +50,14 @@ at::Tensor fused_or_base_step(Self& self, torch::optim::Optimizer::LossClosure c
 // What differs between the three: the per-parameter state's type and
 // tensors (for the step's walk), and the update.
 template <class Base, class ParamState,
-          void (*kUpdate)(Base&, const StepCache&, const MasterWeights&, const AmpStepArgs&),
+          void (*kUpdate)(Base&, const StepCache&, const MasterWeights&, StochasticRounding&,
+                          const AmpStepArgs&),
           StateTensors (*kTensors)(const ParamState&)>
 struct UpdateOf {
   using State = ParamState;
   static StateTensors tensors(const State& s) { return kTensors(s); }
-  static void step(Base& opt, const detail::FusedState::Impl& f, const AmpStepArgs& args) {
-    kUpdate(opt, f.cache, f.masters, args);
+  static void step(Base& opt, detail::FusedState::Impl& f, const AmpStepArgs& args) {
+    kUpdate(opt, f.cache, f.masters, f.rounding, args);
   }
 };
 
@@ -89,16 +93,40 @@ void warn_on_half_cpu_params(const torch::optim::Optimizer& opt, detail::FusedSt
   }
 }
 
+// torchamp's options against each other and the parameters, before the
+// optimizer exists (a model cast later is checked at its step).
+void check_fused_options(const torch::optim::Optimizer& opt, const FusedOptions& fused) {
+  if (!fused.stochastic_rounding()) {
+    return;
+  }
+  TORCH_CHECK_VALUE(!fused.master_weights(),
+                    "torchamp::optim: FusedOptions().stochastic_rounding(true) together with "
+                    "master_weights(true): stochastic rounding replaces the float32 masters; "
+                    "choose one.");
+  const auto& groups = opt.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].params().size(); ++i) {
+      if (groups[g].params()[i].scalar_type() != at::kBFloat16) {
+        refuse_stochastic(g, i, groups[g].params()[i]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 template <class Base>
 Fused<Base>::Fused(std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults,
                    FusedOptions fused)
-    : Base(std::move(param_groups), std::move(defaults)), fused_(fused.master_weights()) {}
+    : Base(std::move(param_groups), std::move(defaults)), fused_(fused) {
+  check_fused_options(*this, fused);
+}
 
 template <class Base>
 Fused<Base>::Fused(std::vector<at::Tensor> params, Options defaults, FusedOptions fused)
-    : Base(std::move(params), std::move(defaults)), fused_(fused.master_weights()) {}
+    : Base(std::move(params), std::move(defaults)), fused_(fused) {
+  check_fused_options(*this, fused);
+}
 
 template <class Base>
 Fused<Base>::~Fused() = default;
@@ -112,7 +140,7 @@ at::Tensor Fused<Base>::step(torch::optim::Optimizer::LossClosure closure) {
 template <class Base>
 bool Fused<Base>::supports_amp_scaling() const {
   const auto& f = fused_.impl();
-  return prepare<typename Update<Base>::State>(*this, f.cache.plan(), f.masters,
+  return prepare<typename Update<Base>::State>(*this, f.cache.plan(), f.masters, f.rounding.on,
                                                Update<Base>::tensors);
 }
 
@@ -126,13 +154,16 @@ template <class Base>
 void Fused<Base>::save(torch::serialize::OutputArchive& archive) const {
   Base::save(archive);
   save_masters(*this, fused_.impl().masters, archive);
+  save_rounding(fused_.impl().rounding, archive);
 }
 
 template <class Base>
 void Fused<Base>::load(torch::serialize::InputArchive& archive) {
   auto& f = fused_.impl();
   auto loaded = read_masters(*this, f.masters, archive);
+  const StochasticRounding rounding = read_rounding(f.rounding, archive);
   Base::load(archive);
+  f.rounding = rounding;
   f.masters.store().entries = std::move(loaded);
   ++f.masters.store().version;
   f.cache = StepCache();
@@ -140,7 +171,11 @@ void Fused<Base>::load(torch::serialize::InputArchive& archive) {
 
 template <class Base>
 FusedOptions Fused<Base>::fused_options() const {
-  return FusedOptions().master_weights(fused_.impl().masters.on());
+  const auto& f = fused_.impl();
+  return FusedOptions()
+      .master_weights(f.masters.on())
+      .stochastic_rounding(f.rounding.on)
+      .seed(f.rounding.seed);
 }
 
 template <class Base>

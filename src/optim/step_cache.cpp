@@ -13,17 +13,27 @@ StepCache& StepCache::operator=(const StepCache& other) {
   return *this;
 }
 
-// A parameter the update must take but cannot (only with master weights: the
-// base class's step would ignore them).
 [[noreturn]] void refuse_unfusable(size_t group, size_t index, const at::Tensor& p,
-                                   const at::Tensor& grad, const char* what) {
+                                   const at::Tensor& grad, const char* what, bool stochastic) {
   TORCH_CHECK_NOT_IMPLEMENTED(
-      false, "torchamp::optim with master weights: param_groups[", group, "].params[", index, "] (",
-      p.scalar_type(), " on ", p.device(), ") cannot take the fused update: its ", what,
-      " (gradient ", grad.scalar_type(), ", ", grad.layout(),
-      grad.layout() == at::kStrided && !grad.is_contiguous() ? ", not contiguous" : "",
-      "). Master weights need dense contiguous CPU parameters, gradients of the parameter's "
-      "dtype, and state of float32 (float16/bfloat16 parameters) or the parameter's dtype.");
+      false, "torchamp::optim with ", stochastic ? "stochastic rounding" : "master weights",
+      ": param_groups[", group, "].params[", index, "] (", p.scalar_type(), " on ", p.device(),
+      ") cannot take the fused update: its ", what, " (gradient ", grad.scalar_type(), ", ",
+      grad.layout(),
+      grad.layout() == at::kStrided && !grad.is_contiguous() ? ", not contiguous" : "", "). ",
+      stochastic ? "Stochastic rounding needs dense contiguous bfloat16 CPU parameters, gradients "
+                   "and state (the parameter's dtype)."
+                 : "Master weights need dense contiguous CPU parameters, gradients of the "
+                   "parameter's dtype, and state of float32 (float16/bfloat16 parameters) or the "
+                   "parameter's dtype.");
+}
+
+[[noreturn]] void refuse_stochastic(size_t group, size_t index, const at::Tensor& p) {
+  TORCH_CHECK_VALUE(false, "torchamp::optim with stochastic rounding: param_groups[", group,
+                    "].params[", index, "] is ", p.scalar_type(),
+                    "; stochastic rounding applies to bfloat16 parameters only (float32 ones "
+                    "need no rounding; float16 ones: FusedOptions().master_weights(true)). "
+                    "Nothing was changed.");
 }
 
 }  // namespace optim

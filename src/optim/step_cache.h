@@ -44,6 +44,7 @@ struct CachedParam {
   size_t group;
   size_t index;                             // in its group, for errors
   bool master = false;                      // it has (or will have) a master weight
+  bool stochastic = false;                  // its updates round stochastically
   at::ScalarType state_dtype = at::kFloat;  // its state's: float32 with a master
   // The state last validated, with its tensors' identities (held, so that a
   // replaced tensor cannot come back at the same address) and data.
@@ -78,14 +79,15 @@ struct StepCache::Plan {
 
 // Dense contiguous CPU parameters go to torchamp's kernels; dense contiguous
 // CUDA ones to ATen's multi-tensor fused ops where this LibTorch has them
-// (not with a master weight: those are torchamp's kernels only).
-inline bool fusable_param(const at::Tensor& p, const at::Tensor& grad, bool master) {
+// (not with a master weight or stochastic rounding, `own`: those are
+// torchamp's kernels only).
+inline bool fusable_param(const at::Tensor& p, const at::Tensor& grad, bool own) {
   const auto dtype = p.scalar_type();
   if (!kernels::optim_supports(dtype) || !dense_on(p, dtype, p.device()) ||
       !dense_on(grad, dtype, p.device())) {
     return false;
   }
-  return p.device().is_cpu() || (!master && compat::kAtenFusedOptimizers && p.device().is_cuda());
+  return p.device().is_cpu() || (!own && compat::kAtenFusedOptimizers && p.device().is_cuda());
 }
 
 inline bool same_state(const CachedParam& c, const ParamState* st, const StateTensors& ts) {
@@ -166,10 +168,13 @@ inline void prefetch_storages(const StepCache::Plan& plan, size_t i) {
   }
 }
 
-// A parameter the update must take but cannot (only with master weights: the
-// base class's step would ignore them).
+// A parameter the update must take but cannot (only with master weights or
+// stochastic rounding, `feature`: the base class's step would ignore them).
 [[noreturn]] void refuse_unfusable(size_t group, size_t index, const at::Tensor& p,
-                                   const at::Tensor& grad, const char* what);
+                                   const at::Tensor& grad, const char* what, bool stochastic);
+
+// A parameter stochastic rounding does not apply to (not bfloat16).
+[[noreturn]] void refuse_stochastic(size_t group, size_t index, const at::Tensor& p);
 
 // The one walk of a step: checks that every parameter with a gradient can
 // take the fused update (parameter, gradient and state dense, contiguous,
@@ -179,10 +184,11 @@ inline void prefetch_storages(const StepCache::Plan& plan, size_t i) {
 // added, removed or replaced) rebuilds it; each state is looked up by its
 // cached key and compared with the one last seen (a load(), an entry
 // replaced or erased, a state tensor replaced or resized), and a new one is
-// checked before it is used.
+// checked before it is used. With master weights or stochastic rounding
+// (`stochastic`), a step the fused update cannot take throws instead.
 template <class State, class TensorsOf>
 bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
-             const MasterWeights& masters, TensorsOf tensors_of) {
+             const MasterWeights& masters, bool stochastic, TensorsOf tensors_of) {
   plan.prepared = false;
   plan.ready.clear();
   const auto& groups = opt.param_groups();
@@ -220,6 +226,7 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
         c.group = g;
         c.index = static_cast<size_t>(&p - groups[g].params().data());
         c.master = masters.on() && low_precision(p.scalar_type());
+        c.stochastic = stochastic;
         c.state_dtype = c.master ? at::kFloat : p.scalar_type();
         auto it = store.find(p.unsafeGetTensorImpl());
         if (it != store.end()) {
@@ -246,9 +253,13 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
     if (!grad.defined()) {
       continue;
     }
-    if (!fusable_param(p, grad, c.master)) {
-      if (masters.on()) {
-        refuse_unfusable(c.group, c.index, p, grad, "parameter or gradient");
+    if (c.stochastic && p.scalar_type() != at::kBFloat16) {
+      refuse_stochastic(c.group, c.index, p);
+    }
+    const bool must_fuse = masters.on() || c.stochastic;
+    if (!fusable_param(p, grad, c.master || c.stochastic)) {
+      if (must_fuse) {
+        refuse_unfusable(c.group, c.index, p, grad, "parameter or gradient", c.stochastic);
       }
       return false;
     }
@@ -256,8 +267,8 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
     if (st != nullptr) {
       const StateTensors ts = tensors_of(static_cast<const State&>(*st));
       if (!same_state(c, st, ts) && !accept_state(c, st, ts)) {
-        if (masters.on()) {
-          refuse_unfusable(c.group, c.index, p, grad, "state");
+        if (must_fuse) {
+          refuse_unfusable(c.group, c.index, p, grad, "state", c.stochastic);
         }
         return false;
       }
@@ -287,10 +298,10 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
 // cannot be fused.
 template <class State, class TensorsOf>
 StepCache::Plan& ready_plan(const torch::optim::Optimizer& opt, const StepCache& cache,
-                            const MasterWeights& masters, TensorsOf tensors_of) {
+                            const MasterWeights& masters, bool stochastic, TensorsOf tensors_of) {
   StepCache::Plan& plan = cache.plan();
   if (!plan.prepared) {
-    TORCH_CHECK(prepare<State>(opt, plan, masters, tensors_of),
+    TORCH_CHECK(prepare<State>(opt, plan, masters, stochastic, tensors_of),
                 "amp_step: this step's parameters, gradients or state cannot take the fused "
                 "update (supports_amp_scaling() is false)");
   }

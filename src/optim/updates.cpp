@@ -72,10 +72,15 @@ struct SgdBatch {
   bool nesterov, first;
 };
 
+// The noise key of a stochastic job (kernels::rounding_key), 0 for others.
+uint64_t noise_key(const StochasticRounding& rounding, const CachedParam& c, size_t flat) {
+  return c.stochastic ? kernels::rounding_key(rounding.seed, rounding.updates, flat) : 0;
+}
+
 template <class Options, class State>
 void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const MasterWeights& masters,
-                const AmpStepArgs& args, bool decoupled) {
-  StepCache::Plan& plan = ready_plan<State>(opt, cache, masters, adam_tensors<State>);
+                StochasticRounding& rounding, const AmpStepArgs& args, bool decoupled) {
+  StepCache::Plan& plan = ready_plan<State>(opt, cache, masters, rounding.on, adam_tensors<State>);
   if (args.found_inf) {  // as ATen's kernels with found_inf set: nothing changes
     return;
   }
@@ -163,9 +168,12 @@ void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const Mast
     job.step_size = options.lr() / memo_bc1;
     job.bias_correction2_sqrt = memo_bc2_sqrt;
     job.decoupled = decoupled;
+    job.stochastic = c.stochastic;
+    job.noise_key = noise_key(rounding, c, r.index);
     jobs.push_back(job);
   }
   kernels::adam_step_cpu(jobs, grad_scale_ptr(args));
+  rounding.updates += rounding.on && !jobs.empty() ? 1 : 0;
   for (auto& [key, b] : batches) {
     const c10::Device device = b.params.front().device();
     // ATen reads each step count from a float32 tensor on the device: one
@@ -182,8 +190,9 @@ void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const Mast
 // SGD's fused update (torchamp's kernels on the CPU, ATen's fused op on
 // CUDA), beside adam_fused.
 void sgd_fused(torch::optim::Optimizer& opt, const StepCache& cache, const MasterWeights& masters,
-               const AmpStepArgs& args) {
-  StepCache::Plan& plan = ready_plan<torch::optim::SGDParamState>(opt, cache, masters, sgd_tensors);
+               StochasticRounding& rounding, const AmpStepArgs& args) {
+  StepCache::Plan& plan =
+      ready_plan<torch::optim::SGDParamState>(opt, cache, masters, rounding.on, sgd_tensors);
   if (args.found_inf) {  // as ATen's kernels with found_inf set: nothing changes
     return;
   }
@@ -250,9 +259,12 @@ void sgd_fused(torch::optim::Optimizer& opt, const StepCache& cache, const Maste
     job.dampening = options.dampening();
     job.weight_decay = options.weight_decay();
     job.nesterov = options.nesterov();
+    job.stochastic = c.stochastic;
+    job.noise_key = noise_key(rounding, c, r.index);
     jobs.push_back(job);
   }
   kernels::sgd_step_cpu(jobs, grad_scale_ptr(args));
+  rounding.updates += rounding.on && !jobs.empty() ? 1 : 0;
   for (auto& [key, b] : batches) {
     compat::fused_sgd(b.params, b.grads, b.buffers, b.weight_decay, b.momentum, b.lr, b.dampening,
                       b.nesterov, b.first, grad_scale_on(b.params.front().device(), args));
@@ -262,20 +274,20 @@ void sgd_fused(torch::optim::Optimizer& opt, const StepCache& cache, const Maste
 }  // namespace
 
 void sgd_update(torch::optim::SGD& opt, const StepCache& cache, const MasterWeights& masters,
-                const AmpStepArgs& args) {
-  sgd_fused(opt, cache, masters, args);
+                StochasticRounding& rounding, const AmpStepArgs& args) {
+  sgd_fused(opt, cache, masters, rounding, args);
 }
 
 void adam_update(torch::optim::Adam& opt, const StepCache& cache, const MasterWeights& masters,
-                 const AmpStepArgs& args) {
-  adam_fused<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, cache, masters, args,
-                                                                      false);
+                 StochasticRounding& rounding, const AmpStepArgs& args) {
+  adam_fused<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, cache, masters, rounding,
+                                                                      args, false);
 }
 
 void adamw_update(torch::optim::AdamW& opt, const StepCache& cache, const MasterWeights& masters,
-                  const AmpStepArgs& args) {
-  adam_fused<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, cache, masters, args,
-                                                                        true);
+                  StochasticRounding& rounding, const AmpStepArgs& args) {
+  adam_fused<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, cache, masters,
+                                                                        rounding, args, true);
 }
 
 }  // namespace optim

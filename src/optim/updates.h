@@ -22,12 +22,13 @@ inline StateTensors sgd_tensors(const torch::optim::SGDParamState& s) {
   return {&s.momentum_buffer(), &none, &none};
 }
 
+// Each counts an update in `rounding` (when on) unless the step is skipped.
 void sgd_update(torch::optim::SGD& opt, const StepCache& cache, const MasterWeights& masters,
-                const AmpStepArgs& args);
+                StochasticRounding& rounding, const AmpStepArgs& args);
 void adam_update(torch::optim::Adam& opt, const StepCache& cache, const MasterWeights& masters,
-                 const AmpStepArgs& args);
+                 StochasticRounding& rounding, const AmpStepArgs& args);
 void adamw_update(torch::optim::AdamW& opt, const StepCache& cache, const MasterWeights& masters,
-                  const AmpStepArgs& args);
+                  StochasticRounding& rounding, const AmpStepArgs& args);
 
 }  // namespace optim
 }  // namespace torchamp
