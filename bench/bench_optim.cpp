@@ -268,6 +268,9 @@ void bm_ceiling(benchmark::State& state, const Case& c) {
 //                                       _foreach_add_, _fused_adamw_(grad_scale,
 //                                       found_inf), _amp_update_scale_
 //   sgd+scaler, aten_sgd+scaler         the same for SGD (momentum 0.9)
+//   bf16-sr, bf16-nearest               AdamW on bfloat16 parameters and
+//                                       state without masters: stochastic
+//                                       rounding, and round to nearest
 //   ...@avx2                            where the CPU has AVX-512: master
 //                                       weights on the AVX2 loops instead
 //                                       (kernels::cap_isa), what AVX-512 buys
@@ -340,7 +343,7 @@ Variant on_avx2(Variant v) {
 }
 
 void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others,
-                     std::vector<std::string>& isas) {
+                     std::vector<std::string>& isas, std::vector<std::string>& srs) {
   const auto adamw = torch::optim::AdamWOptions(1e-3).weight_decay(0.01);
   const auto sgd = torch::optim::SGDOptions(1e-3).momentum(0.9);
   const auto masters = torchamp::optim::FusedOptions().master_weights(true);
@@ -369,6 +372,24 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
     }
   }
   vs.push_back(plain_variant<torchamp::optim::AdamW>("fp32", make_params(c), adamw));
+  // Stochastic rounding (no masters, bfloat16 state) and plain bfloat16,
+  // with their bytes per parameter after a step.
+  std::map<std::string, double> bytes;
+  for (const bool sr : {true, false}) {
+    const std::string name = sr ? "bf16-sr" : "bf16-nearest";
+    auto ps = make_params(c, at::kBFloat16);
+    auto opt = std::make_shared<torchamp::optim::AdamW>(
+        ps, adamw, torchamp::optim::FusedOptions().stochastic_rounding(sr));
+    opt->step();
+    bytes[name] = adamw_bytes_per_param(*opt, ps);
+    vs.push_back({name, [opt, ps] { opt->step(); }});
+  }
+  {
+    auto ps = make_params(c, at::kBFloat16);
+    torchamp::optim::AdamW opt(ps, adamw, masters);
+    opt.step();
+    bytes["bf16-master"] = adamw_bytes_per_param(opt, ps);
+  }
   vs.push_back(scaled_variant<torchamp::optim::AdamW>("fp32+scaler", make_params(c), adamw));
   vs.push_back(scaled_variant<torchamp::optim::SGD>("sgd+scaler", make_params(c), sgd));
   {  // LibTorch's own AdamW under the same scaler: unscale_ pass, then its step
@@ -447,6 +468,11 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
                 speed("adam-fp16-master", "adam-fp32"), med["sgd-fp32"],
                 speed("sgd-bf16-master", "sgd-fp32"), speed("sgd-fp16-master", "sgd-fp32"));
   others.push_back(row);
+  std::snprintf(row, sizeof row, "| %s | %.2f | %.2f | %.2fx | %.2fx | %.2fx | %.1f | %.1f |",
+                c.name, med["bf16-master"], med["bf16-sr"], speed("bf16-sr", "bf16-master"),
+                speed("bf16-sr", "fp32"), speed("bf16-nearest", "bf16-sr"), bytes["bf16-master"],
+                bytes["bf16-sr"]);
+  srs.push_back(row);
   if (avx512) {
     const auto gain = [&](const std::string& v) { return speed(v.c_str(), (v + "@avx2").c_str()); };
     std::snprintf(row, sizeof row,
@@ -468,10 +494,10 @@ void interleaved(int rounds_large, int rounds_small) {
       "LibTorch |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       at::get_num_threads(), TORCH_VERSION);
-  std::vector<std::string> others, isas;
+  std::vector<std::string> others, isas, srs;
   for (const auto& c : kCases) {
     if (std::string(c.name) == "1x64M" || std::string(c.name) == "10000x100") {
-      run_interleaved(c, c.tensors == 1 ? rounds_large : rounds_small, others, isas);
+      run_interleaved(c, c.tensors == 1 ? rounds_large : rounds_small, others, isas, srs);
     }
   }
   std::printf(
@@ -480,6 +506,16 @@ void interleaved(int rounds_large, int rounds_small) {
       "| case | Adam fp32 ms | Adam bf16 master | Adam fp16 master | SGD fp32 ms | SGD bf16 master "
       "| SGD fp16 master |\n|---|---|---|---|---|---|---|\n");
   for (const auto& row : others) {
+    std::printf("%s\n", row.c_str());
+  }
+  std::printf(
+      "\nAdamW on bfloat16 parameters without masters, stochastic rounding (bfloat16 state), the "
+      "same rounds; speeds as the other step's time over stochastic rounding's; bytes per "
+      "parameter from the tensors after a step\n"
+      "| case | bf16 master ms | bf16 stochastic ms | vs master | vs fp32 | round-to-nearest vs "
+      "stochastic | bytes/param master | bytes/param stochastic |\n"
+      "|---|---|---|---|---|---|---|---|\n");
+  for (const auto& row : srs) {
     std::printf("%s\n", row.c_str());
   }
   std::printf("\nMaster weights' vector loops: %s (kernels::vector_isa())\n",

@@ -57,7 +57,8 @@ std::string cell(double v) {
 
 // The table of one or both runs (C++ and, when python-summary.csv is there,
 // Python's): mode, validation loss, tokens/s, peak memory, against float32
-// and against Python.
+// and against Python; bytes a parameter (parameters, gradients and optimizer
+// state).
 void print_table(const fs::path& out, std::ostream& os) {
   const auto cpp = read_csv(out / "summary.csv");
   const auto py = read_csv(out / "python-summary.csv");
@@ -70,15 +71,15 @@ void print_table(const fs::path& out, std::ostream& os) {
     return static_cast<const std::vector<std::string>*>(nullptr);
   };
   const auto* base = find(cpp, "fp32");
-  os << "| mode | val loss | tokens/s | peak MB | skipped | vs fp32 |"
+  os << "| mode | val loss | tokens/s | peak MB | bytes/param | skipped | vs fp32 |"
      << (py.empty() ? "" : " Python val loss | Python tokens/s | Python peak MB | vs Python |")
-     << "\n|---|---|---|---|---|---|" << (py.empty() ? "" : "---|---|---|---|") << "\n";
+     << "\n|---|---|---|---|---|---|---|" << (py.empty() ? "" : "---|---|---|---|") << "\n";
   for (const auto& r : cpp) {
     char row[512];
     const double tps = std::stod(r[5]);
     std::snprintf(
-        row, sizeof row, "| %s | %.4f | %.0f | %.0f | %s | %s |", r[0].c_str(), std::stod(r[1]),
-        tps, std::stod(r[7]), r[3].c_str(),
+        row, sizeof row, "| %s | %.4f | %.0f | %.0f | %.1f | %s | %s |", r[0].c_str(),
+        std::stod(r[1]), tps, std::stod(r[7]), std::stod(r[8]), r[3].c_str(),
         base ? (std::to_string(tps / std::stod((*base)[5])).substr(0, 4) + "x").c_str() : "-");
     os << row;
     if (!py.empty()) {

@@ -66,7 +66,7 @@ std::string fnv1a(const std::vector<at::Tensor>& tensors) {
 
 // nanoGPT's groups: weight decay on the matrices (embeddings and Linear
 // weights), none on biases and LayerNorms.
-torchamp::optim::AdamW make_optimizer(GPT& model, const Config& c, bool masters) {
+torchamp::optim::AdamW make_optimizer(GPT& model, const Config& c, const Mode& mode) {
   std::vector<at::Tensor> decay, rest;
   for (const auto& p : model->parameters()) {
     (p.dim() >= 2 ? decay : rest).push_back(p);
@@ -81,7 +81,9 @@ torchamp::optim::AdamW make_optimizer(GPT& model, const Config& c, bool masters)
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options(c.weight_decay)));
   groups.emplace_back(rest, std::make_unique<torch::optim::AdamWOptions>(options(0.0)));
   return torchamp::optim::AdamW(std::move(groups), options(c.weight_decay),
-                                torchamp::optim::FusedOptions().master_weights(masters));
+                                torchamp::optim::FusedOptions()
+                                    .master_weights(mode.masters)
+                                    .stochastic_rounding(mode.stochastic));
 }
 
 // One mode's training state: the model, its optimizer and scaler, and, on
@@ -104,7 +106,7 @@ struct Trainer {
         mode(mode_),
         rt(rt_),
         model(initial_model(c_, std::max(c_.vocab, corpus_.vocab_size()))),
-        opt((model->to(mode_.device, mode_.params), make_optimizer(model, c_, mode_.masters))),
+        opt((model->to(mode_.device, mode_.params), make_optimizer(model, c_, mode_))),
         scaler(torchamp::GradScalerOptions()
                    .init_scale(c_.init_scale)
                    .growth_interval(c_.growth_interval)
@@ -213,16 +215,19 @@ struct Trainer {
 const std::vector<Mode>& known_modes() {
   using c10::DeviceType;
   static const std::vector<Mode> modes = {
-      {"fp32", DeviceType::CPU, std::nullopt, at::kFloat, false, false, "float32 throughout"},
-      {"bf16", DeviceType::CPU, at::kBFloat16, at::kFloat, false, false,
+      {"fp32", DeviceType::CPU, std::nullopt, at::kFloat, false, false, false,
+       "float32 throughout"},
+      {"bf16", DeviceType::CPU, at::kBFloat16, at::kFloat, false, false, false,
        "bfloat16 autocast, float32 parameters"},
-      {"bf16-params", DeviceType::CPU, std::nullopt, at::kBFloat16, false, true,
+      {"bf16-params", DeviceType::CPU, std::nullopt, at::kBFloat16, false, true, false,
        "bfloat16 parameters, float32 master weights in the fused AdamW"},
-      {"fp16+scaler", DeviceType::CPU, at::kHalf, at::kFloat, true, false,
+      {"bf16-sr", DeviceType::CPU, std::nullopt, at::kBFloat16, false, false, true,
+       "bfloat16 parameters and AdamW state, stochastic rounding (no masters)"},
+      {"fp16+scaler", DeviceType::CPU, at::kHalf, at::kFloat, true, false, false,
        "float16 autocast (LibTorch >= 2.2), GradScaler"},
-      {"cuda-fp16+scaler", DeviceType::CUDA, at::kHalf, at::kFloat, true, false,
+      {"cuda-fp16+scaler", DeviceType::CUDA, at::kHalf, at::kFloat, true, false, false,
        "CUDA float16 autocast, GradScaler"},
-      {"cuda-bf16", DeviceType::CUDA, at::kBFloat16, at::kFloat, false, false,
+      {"cuda-bf16", DeviceType::CUDA, at::kBFloat16, at::kFloat, false, false, false,
        "CUDA bfloat16 autocast"},
   };
   return modes;

@@ -24,7 +24,8 @@ class ProcessGroup;
 namespace torchamp_gpt {
 
 /// A precision mode: where it runs, what autocast does, what the parameters
-/// are stored in, and whether a GradScaler and master weights take part.
+/// are stored in, and whether a GradScaler, master weights or stochastic
+/// rounding take part.
 struct Mode {
   std::string name;
   c10::DeviceType device;
@@ -32,6 +33,7 @@ struct Mode {
   c10::ScalarType params;                   // the parameters' own dtype
   bool scaler;                              // torchamp::GradScaler on the loss
   bool masters;                             // float32 master weights in the optimizer
+  bool stochastic;                          // the optimizer rounds stochastically (no masters)
   std::string summary;
 };
 

@@ -626,6 +626,94 @@ TORCHAMP_INLINE void sgd_vec(const SgdJob& j, int64_t b, int64_t e, float grad_s
   }
 }
 
+// Noise<true> a vector at a time: the same hashes of the same element
+// indices, so the same bits as the one-pass loop.
+template <class I>
+struct NoiseVec {
+  using N = typename I::N;
+  N p, s0, s1, s2;
+  TORCHAMP_INLINE NoiseVec(uint64_t key, int64_t i) {
+    const auto k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+    const N a = I::mix32(I::xor_of(I::mix32(I::plus(I::lanes_from(i), k0)), k1));
+    const N b = I::mix32(I::plus(a, k1));
+    p = I::low16(a);
+    s0 = I::high16(a);
+    s1 = I::low16(b);
+    s2 = I::high16(b);
+  }
+};
+
+// A stochastic-rounding job (bfloat16 parameter, gradient and state) over
+// [b, e): the one-pass loop's arithmetic a vector at a time, as adam_vec.
+template <class I, bool kDecoupled, bool kAmsgrad, bool kUnscale>
+TORCHAMP_INLINE void adam_sr_vec(const AdamJob& j, int64_t b, int64_t e, float grad_scale) {
+  using V = typename I::V;
+  using MV = Bf16MasterVec<I>;  // for its bfloat16 gradient read (read_grad_vec)
+  auto* __restrict p = static_cast<uint16_t*>(j.param);
+  auto* __restrict g = static_cast<uint16_t*>(j.grad);
+  auto* __restrict m = static_cast<uint16_t*>(j.exp_avg);
+  auto* __restrict v = static_cast<uint16_t*>(j.exp_avg_sq);
+  auto* __restrict vmax = static_cast<uint16_t*>(j.max_exp_avg_sq);
+  TORCHAMP_ADAM_CONSTANTS(V, I::splat);
+  const auto iteration = [&](int64_t i, const auto& lanes) __attribute__((always_inline)) {
+    V gi = read_grad_vec<MV, kUnscale>(g + i, scale, lanes);
+    V pi = I::widen_bf16(lanes.loadh(p + i)), mi = I::widen_bf16(lanes.loadh(m + i));
+    V vi = I::widen_bf16(lanes.loadh(v + i));
+    V vmi = kAmsgrad ? I::widen_bf16(lanes.loadh(vmax + i)) : V{};
+    TORCHAMP_ADAM_ELEMENT(gi, pi, mi, vi, vmi);
+    const NoiseVec<I> n(j.noise_key, i);
+    lanes.storeh(m + i, I::narrow_bf16_stochastic(mi, n.s0));
+    lanes.storeh(v + i, I::narrow_bf16_stochastic(vi, n.s1));
+    if (kAmsgrad) {
+      lanes.storeh(vmax + i, I::narrow_bf16_stochastic(vmi, n.s2));
+    }
+    lanes.storeh(p + i, I::narrow_bf16_stochastic(pi, n.p));
+  };
+  const auto ahead = [&](int64_t i) __attribute__((always_inline)) {
+    for (const void* a : {static_cast<const void*>(p), static_cast<const void*>(g),
+                          static_cast<const void*>(m), static_cast<const void*>(v)}) {
+      ahead16(a, i);
+    }
+    if (kAmsgrad) {
+      ahead16(vmax, i);
+    }
+  };
+  if (!walk<I>(b, e, iteration, ahead)) {
+    adam_loop_for(j, kUnscale)(j, b, e, grad_scale);
+  }
+}
+
+template <class I, bool kUnscale>
+TORCHAMP_INLINE void sgd_sr_vec(const SgdJob& j, int64_t b, int64_t e, float grad_scale) {
+  using V = typename I::V;
+  using MV = Bf16MasterVec<I>;
+  auto* __restrict p = static_cast<uint16_t*>(j.param);
+  auto* __restrict g = static_cast<uint16_t*>(j.grad);
+  auto* __restrict buf = static_cast<uint16_t*>(j.momentum_buffer);
+  TORCHAMP_SGD_CONSTANTS(V, I::splat);
+  const auto iteration = [&](int64_t i, const auto& lanes) __attribute__((always_inline)) {
+    V d = read_grad_vec<MV, kUnscale>(g + i, scale, lanes);
+    V pi = I::widen_bf16(lanes.loadh(p + i));
+    V bi = has_momentum && !first ? I::widen_bf16(lanes.loadh(buf + i)) : V{};
+    TORCHAMP_SGD_ELEMENT(d, pi, bi);
+    const NoiseVec<I> n(j.noise_key, i);
+    if (has_momentum) {
+      lanes.storeh(buf + i, I::narrow_bf16_stochastic(bi, n.s0));
+    }
+    lanes.storeh(p + i, I::narrow_bf16_stochastic(pi, n.p));
+  };
+  const auto ahead = [&](int64_t i) __attribute__((always_inline)) {
+    ahead16(p, i);
+    ahead16(g, i);
+    if (has_momentum) {
+      ahead16(buf, i);
+    }
+  };
+  if (!walk<I>(b, e, iteration, ahead)) {
+    sgd_loop_for(j, kUnscale)(j, b, e, grad_scale);
+  }
+}
+
 // The walks compiled for each instruction set (the walk above is inlined
 // into a function with that target).
 template <class MV, bool kDecoupled, bool kAmsgrad, bool kUnscale>
@@ -643,6 +731,22 @@ TORCHAMP_AVX2 void sgd_avx2(const SgdJob& j, int64_t b, int64_t e, float s) {
 template <class MV, bool kUnscale>
 TORCHAMP_AVX512 void sgd_avx512(const SgdJob& j, int64_t b, int64_t e, float s) {
   sgd_vec<Avx512, MV, kUnscale>(j, b, e, s);
+}
+template <bool kDecoupled, bool kAmsgrad, bool kUnscale>
+TORCHAMP_AVX2 void adam_sr_avx2(const AdamJob& j, int64_t b, int64_t e, float s) {
+  adam_sr_vec<Avx2, kDecoupled, kAmsgrad, kUnscale>(j, b, e, s);
+}
+template <bool kDecoupled, bool kAmsgrad, bool kUnscale>
+TORCHAMP_AVX512 void adam_sr_avx512(const AdamJob& j, int64_t b, int64_t e, float s) {
+  adam_sr_vec<Avx512, kDecoupled, kAmsgrad, kUnscale>(j, b, e, s);
+}
+template <bool kUnscale>
+TORCHAMP_AVX2 void sgd_sr_avx2(const SgdJob& j, int64_t b, int64_t e, float s) {
+  sgd_sr_vec<Avx2, kUnscale>(j, b, e, s);
+}
+template <bool kUnscale>
+TORCHAMP_AVX512 void sgd_sr_avx512(const SgdJob& j, int64_t b, int64_t e, float s) {
+  sgd_sr_vec<Avx512, kUnscale>(j, b, e, s);
 }
 TORCHAMP_X86_DIAGNOSTICS_POP
 
@@ -664,18 +768,37 @@ TORCHAMP_X86_DIAGNOSTICS_POP
 
 // The loop for a master job on `isa` (avx2 or avx512):
 // [avx512][float16][decoupled][amsgrad][unscale].
+// A stochastic job's: [avx512][decoupled][amsgrad][unscale].
+#define TORCHAMP_ADAM_SR_ISA(F)                         \
+  {                                                     \
+    {{F<false, false, false>, F<false, false, true>},   \
+     {F<false, true, false>, F<false, true, true>}},    \
+        {{F<true, false, false>, F<true, false, true>}, \
+         {F<true, true, false>, F<true, true, true>}},  \
+  }
 AdamLoop vec_loop_for(Isa isa, const AdamJob& j, bool unscale) {
+  static const AdamLoop kSrLoops[2][2][2][2] = {TORCHAMP_ADAM_SR_ISA(adam_sr_avx2),
+                                                TORCHAMP_ADAM_SR_ISA(adam_sr_avx512)};
+  if (j.stochastic) {
+    return kSrLoops[isa == Isa::avx512][j.decoupled][j.max_exp_avg_sq != nullptr][unscale];
+  }
   static const AdamLoop kLoops[2][2][2][2][2] = {TORCHAMP_ADAM_VEC_ISA(adam_avx2, Avx2),
                                                  TORCHAMP_ADAM_VEC_ISA(adam_avx512, Avx512)};
   return kLoops[isa == Isa::avx512][j.dtype == at::kHalf][j.decoupled][j.max_exp_avg_sq != nullptr]
                [unscale];
 }
 SgdLoop vec_loop_for(Isa isa, const SgdJob& j, bool unscale) {
+  static const SgdLoop kSrLoops[2][2] = {{sgd_sr_avx2<false>, sgd_sr_avx2<true>},
+                                         {sgd_sr_avx512<false>, sgd_sr_avx512<true>}};
+  if (j.stochastic) {
+    return kSrLoops[isa == Isa::avx512][unscale];
+  }
   static const SgdLoop kLoops[2][2][2] = {TORCHAMP_SGD_VEC_ISA(sgd_avx2, Avx2),
                                           TORCHAMP_SGD_VEC_ISA(sgd_avx512, Avx512)};
   return kLoops[isa == Isa::avx512][j.dtype == at::kHalf][unscale];
 }
 #undef TORCHAMP_SGD_VEC_ISA
+#undef TORCHAMP_ADAM_SR_ISA
 #undef TORCHAMP_ADAM_VEC_ISA
 #undef TORCHAMP_ADAM_VEC_ROW
 #else
@@ -685,12 +808,12 @@ auto vec_loop_for(Isa /*isa*/, const Job& j, bool unscale) {
 }
 #endif
 
-// A job's elements [b, e): master weights a vector at a time where the CPU
-// has AVX2 and F16C or AVX-512 (`isa`, vector_isa() of the step), everything
-// else one-pass.
+// A job's elements [b, e): master weights and stochastic rounding a vector
+// at a time where the CPU has AVX2 and F16C or AVX-512 (`isa`, vector_isa()
+// of the step), everything else one-pass.
 template <class Job>
 void run_job(Isa isa, const Job& j, bool unscale, int64_t b, int64_t e, float s) {
-  const bool vec = isa != Isa::portable && j.master != nullptr;
+  const bool vec = isa != Isa::portable && (j.master != nullptr || j.stochastic);
   (vec ? vec_loop_for(isa, j, unscale) : loop_for(j, unscale))(j, b, e, s);
 }
 

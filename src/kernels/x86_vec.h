@@ -61,6 +61,9 @@ __attribute__((target("avx512f"))) inline __m256i round_bf16(__m512 v) {
 //   {widen,narrow}_{f16,bf16}  c10::Half's and c10::BFloat16's conversions;
 //   join_bf16(p, r), split_bf16(x, p, r)  a bfloat16 master's float32 bits
 //                  from and to its parameter and remainder (Bf16Master);
+//   N, lanes_from(i), plus(n, k), xor_of(n, k), mix32(n), low16(n), high16(n)
+//                  kWidth uint32 lanes: i, i + 1, ...; bf16.h's mix32 on each;
+//   narrow_bf16_stochastic(x, n)  float_to_bf16_stochastic on each lane;
 //   All, tail_lanes(n)  where an iteration loads and stores: every lane, or
 //                  a job's last n < kWidth elements, starting at
 //                  tail_start(i, e); kMasked: a job of any length can be
@@ -91,9 +94,14 @@ TORCHAMP_AVX2 inline V8 maximum(V8 a, V8 b) {
   return {_mm256_blendv_ps(a.v, b.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))};
 }
 
+struct N8 {
+  __m256i v;
+};
+
 struct Avx2 {
   using V = V8;
   using H = __m128i;
+  using N = N8;
   static constexpr int64_t kWidth = 8;
   static constexpr bool kMasked = false;
 
@@ -131,6 +139,33 @@ struct Avx2 {
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
     const __m256i r = _mm256_srli_epi32(
         _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256 nan = _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q);
+    return pack(_mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan)));
+  }
+  TORCHAMP_AVX2 static N lanes_from(int64_t i) {
+    return {_mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(i))),
+                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))};
+  }
+  TORCHAMP_AVX2 static N plus(N n, uint32_t k) {
+    return {_mm256_add_epi32(n.v, _mm256_set1_epi32(static_cast<int>(k)))};
+  }
+  TORCHAMP_AVX2 static N xor_of(N n, uint32_t k) {
+    return {_mm256_xor_si256(n.v, _mm256_set1_epi32(static_cast<int>(k)))};
+  }
+  TORCHAMP_AVX2 static N mix32(N n) {
+    __m256i x = _mm256_xor_si256(n.v, _mm256_srli_epi32(n.v, 16));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+    return {_mm256_xor_si256(x, _mm256_srli_epi32(x, 16))};
+  }
+  TORCHAMP_AVX2 static N low16(N n) { return {_mm256_and_si256(n.v, _mm256_set1_epi32(0xffff))}; }
+  TORCHAMP_AVX2 static N high16(N n) { return {_mm256_srli_epi32(n.v, 16)}; }
+  // float_to_bf16_stochastic: (b + noise) >> 16, NaN -> 0x7FC0 (`noise` at
+  // most 0xFFFF; below NaN's bits the sum stays under 2^32).
+  TORCHAMP_AVX2 static H narrow_bf16_stochastic(V x, N noise) {
+    const __m256i b = _mm256_castps_si256(x.v);
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, noise.v), 16);
     const __m256 nan = _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q);
     return pack(_mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan)));
   }
@@ -194,9 +229,14 @@ struct H16 {
   __m256i v;
 };
 
+struct N16 {
+  __m512i v;
+};
+
 struct Avx512 {
   using V = V16;
   using H = H16;
+  using N = N16;
   static constexpr int64_t kWidth = 16;
   static constexpr bool kMasked = true;
 
@@ -217,6 +257,32 @@ struct Avx512 {
     return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h.v), 16))};
   }
   TORCHAMP_AVX512 static H narrow_bf16(V x) { return {round_bf16(x.v)}; }  // as Avx2's
+  TORCHAMP_AVX512 static N lanes_from(int64_t i) {                         // as Avx2's
+    return {
+        _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(i))),
+                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))};
+  }
+  TORCHAMP_AVX512 static N plus(N n, uint32_t k) {
+    return {_mm512_add_epi32(n.v, _mm512_set1_epi32(static_cast<int>(k)))};
+  }
+  TORCHAMP_AVX512 static N xor_of(N n, uint32_t k) {
+    return {_mm512_xor_si512(n.v, _mm512_set1_epi32(static_cast<int>(k)))};
+  }
+  TORCHAMP_AVX512 static N mix32(N n) {
+    __m512i x = _mm512_xor_si512(n.v, _mm512_srli_epi32(n.v, 16));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
+    return {_mm512_xor_si512(x, _mm512_srli_epi32(x, 16))};
+  }
+  TORCHAMP_AVX512 static N low16(N n) { return {_mm512_and_si512(n.v, _mm512_set1_epi32(0xffff))}; }
+  TORCHAMP_AVX512 static N high16(N n) { return {_mm512_srli_epi32(n.v, 16)}; }
+  TORCHAMP_AVX512 static H narrow_bf16_stochastic(V x, N noise) {  // as Avx2's
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(x.v), noise.v), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q),
+                              _mm512_set1_epi32(0x7fc0));
+    return {_mm512_cvtepi32_epi16(r)};
+  }
   TORCHAMP_AVX512 static V join_bf16(H p, H r) {
     const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(p.v), 16);
     return {_mm512_castsi512_ps(_mm512_add_epi32(hi, _mm512_cvtepi16_epi32(r.v)))};

@@ -9,8 +9,9 @@
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
 
-#include "compat/compat.h"  // optim_state_key
-#include "kernels/bf16.h"   // float_to_bf16_stochastic
+#include "compat/compat.h"    // optim_state_key
+#include "kernels/bf16.h"     // float_to_bf16_stochastic
+#include "kernels/kernels.h"  // cap_isa, cpu_features
 
 #include <torch/torch.h>
 
@@ -19,6 +20,8 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -328,4 +331,96 @@ TEST(StochasticRounding, BadOptionsAreTypedErrorsThatChangeNothing) {
   expect_throws<c10::ValueError>([&] { load_bytes(nearest, state_before); },
                                  "holds a stochastic rounding generator");
   EXPECT_EQ(saved(nearest), plain);
+}
+
+// The vector loops (AVX2, AVX-512) give the one-pass loop's bits: every
+// bfloat16 pattern as gradient, tails of every length, each optimizer, with
+// and without the unscale, on 1 and 2 threads.
+TEST(StochasticRounding, VectorPathEqualsTheOnePassLoop) {
+  using torchamp::kernels::Isa;
+  const auto& cpu = torchamp::kernels::cpu_features();
+  std::vector<Isa> isas;
+  if (cpu.avx2_f16c) {
+    isas.push_back(Isa::avx2);
+  }
+  if (cpu.avx512) {
+    isas.push_back(Isa::avx512);
+  }
+  if (isas.empty()) {
+    GTEST_SKIP() << "this CPU has no vector path (AVX2 + F16C, AVX-512)";
+  }
+  const Isa cap_was = torchamp::kernels::isa_cap();
+  const int threads_was = at::get_num_threads();
+  // The parameters', gradients' and state's 16 bits after three steps.
+  const auto run = [](Isa isa, int threads, int which, std::optional<float> scale) {
+    std::vector<at::Tensor> ps;
+    int64_t k = 0;
+    for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 31, 2047, 2048, 65536 + 3}) {
+      at::Tensor p = torch::empty({n}, at::kBFloat16), g = torch::empty({n}, at::kBFloat16);
+      auto* pb = static_cast<uint16_t*>(p.data_ptr());
+      auto* gb = static_cast<uint16_t*>(g.data_ptr());
+      for (int64_t i = 0; i < n; ++i, ++k) {
+        gb[i] = static_cast<uint16_t>(k * 40503u);             // every pattern, scrambled
+        pb[i] = static_cast<uint16_t>((k * 7919u) & 0x7f7fu);  // finite
+      }
+      p.mutable_grad() = g;
+      ps.push_back(p);
+    }
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (which == 0) {
+      opt = std::make_unique<torchamp::optim::AdamW>(
+          ps, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true), kStochastic);
+    } else if (which == 1) {
+      opt = std::make_unique<torchamp::optim::Adam>(
+          ps, torch::optim::AdamOptions(1e-2).weight_decay(0.1), kStochastic);
+    } else {
+      opt = std::make_unique<torchamp::optim::SGD>(
+          ps, torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(0.1),
+          kStochastic);
+    }
+    torchamp::kernels::cap_isa(isa);
+    at::set_num_threads(threads);
+    for (int step = 0; step < 3; ++step) {
+      torchamp::AmpStepArgs args;
+      args.grad_scale = scale;
+      dynamic_cast<torchamp::StepSupportsAmpScaling&>(*opt).amp_step(args);
+    }
+    std::vector<at::Tensor> out;
+    for (const auto& p : ps) {
+      out.push_back(bits16(p.detach()));
+      out.push_back(bits16(p.grad()));
+      const auto& st = *opt->state().at(torchamp::compat::optim_state_key(opt->state(), p));
+      if (which == 2) {
+        out.push_back(
+            bits16(static_cast<const torch::optim::SGDParamState&>(st).momentum_buffer()));
+      } else {
+        const auto& a = static_cast<const torch::optim::AdamParamState&>(st);
+        out.push_back(bits16(a.exp_avg()));
+        out.push_back(bits16(a.exp_avg_sq()));
+        if (a.max_exp_avg_sq().defined()) {
+          out.push_back(bits16(a.max_exp_avg_sq()));
+        }
+      }
+    }
+    return out;
+  };
+  for (const int threads : {1, 2}) {
+    for (int which = 0; which < 3; ++which) {
+      for (const auto scale : {std::optional<float>(), std::optional<float>(1024.0f)}) {
+        const auto portable = run(Isa::portable, threads, which, scale);
+        for (const Isa isa : isas) {
+          SCOPED_TRACE(std::string(torchamp::kernels::isa_name(isa)) + " threads " +
+                       std::to_string(threads) + " optimizer " + std::to_string(which) +
+                       (scale ? " unscaling" : ""));
+          const auto vec = run(isa, threads, which, scale);
+          ASSERT_EQ(vec.size(), portable.size());
+          for (size_t t = 0; t < vec.size(); ++t) {
+            EXPECT_TRUE(vec[t].equal(portable[t])) << "tensor " << t;
+          }
+        }
+      }
+    }
+  }
+  torchamp::kernels::cap_isa(cap_was);
+  at::set_num_threads(threads_was);
 }
