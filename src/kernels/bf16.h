@@ -51,15 +51,15 @@ inline uint16_t float_to_bf16_stochastic(float v, uint32_t noise) {
   return v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
 }
 
-/// A 32-bit integer hash (a bijection: Wellons' lowbias32), the stochastic
-/// rounding's noise per element.
-inline uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
+/// The stochastic rounding's 32 bits of noise for element `i` under a
+/// 32-bit `key` (a hash of seed, update and parameter): a bijection of
+/// i ^ key (Fibonacci hashing's multiply, the high half folded into the
+/// low). As the key is uniform and changes every update, each element's
+/// noise is uniform and independent from one update to the next whatever
+/// the bijection; one multiply keeps the vector loops memory-bound.
+inline uint32_t noise32(uint32_t i, uint32_t key) {
+  const uint32_t x = (i ^ key) * 0x9e3779b1u;
+  return x ^ (x >> 16);
 }
 
 /// float16 bits -> float32, exactly c10::Half's conversion: exact, and a

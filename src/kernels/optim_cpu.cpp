@@ -163,8 +163,8 @@ struct Noise<true> {
   explicit Noise(uint64_t key)
       : k0(static_cast<uint32_t>(key)), k1(static_cast<uint32_t>(key >> 32)) {}
   NoiseBits at(int64_t i) const {
-    const uint32_t a = mix32(mix32(static_cast<uint32_t>(i) + k0) ^ k1);
-    const uint32_t b = mix32(a + k1);
+    const uint32_t a = noise32(static_cast<uint32_t>(i), k0);
+    const uint32_t b = noise32(static_cast<uint32_t>(i), k1);
     return {a & 0xffffu, a >> 16, b & 0xffffu, b >> 16};
   }
 };
@@ -634,8 +634,9 @@ struct NoiseVec {
   N p, s0, s1, s2;
   TORCHAMP_INLINE NoiseVec(uint64_t key, int64_t i) {
     const auto k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-    const N a = I::mix32(I::xor_of(I::mix32(I::plus(I::lanes_from(i), k0)), k1));
-    const N b = I::mix32(I::plus(a, k1));
+    const N lanes = I::lanes_from(i);
+    const N a = I::noise32(lanes, k0);
+    const N b = I::noise32(lanes, k1);
     p = I::low16(a);
     s0 = I::high16(a);
     s1 = I::low16(b);

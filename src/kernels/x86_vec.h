@@ -61,8 +61,8 @@ __attribute__((target("avx512f"))) inline __m256i round_bf16(__m512 v) {
 //   {widen,narrow}_{f16,bf16}  c10::Half's and c10::BFloat16's conversions;
 //   join_bf16(p, r), split_bf16(x, p, r)  a bfloat16 master's float32 bits
 //                  from and to its parameter and remainder (Bf16Master);
-//   N, lanes_from(i), plus(n, k), xor_of(n, k), mix32(n), low16(n), high16(n)
-//                  kWidth uint32 lanes: i, i + 1, ...; bf16.h's mix32 on each;
+//   N, lanes_from(i), noise32(n, key), low16(n), high16(n)
+//                  kWidth uint32 lanes: i, i + 1, ...; bf16.h's noise32 on each;
 //   narrow_bf16_stochastic(x, n)  float_to_bf16_stochastic on each lane;
 //   All, tail_lanes(n)  where an iteration loads and stores: every lane, or
 //                  a job's last n < kWidth elements, starting at
@@ -146,17 +146,10 @@ struct Avx2 {
     return {_mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(i))),
                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))};
   }
-  TORCHAMP_AVX2 static N plus(N n, uint32_t k) {
-    return {_mm256_add_epi32(n.v, _mm256_set1_epi32(static_cast<int>(k)))};
-  }
-  TORCHAMP_AVX2 static N xor_of(N n, uint32_t k) {
-    return {_mm256_xor_si256(n.v, _mm256_set1_epi32(static_cast<int>(k)))};
-  }
-  TORCHAMP_AVX2 static N mix32(N n) {
-    __m256i x = _mm256_xor_si256(n.v, _mm256_srli_epi32(n.v, 16));
-    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
-    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
-    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+  TORCHAMP_AVX2 static N noise32(N n, uint32_t key) {
+    const __m256i x =
+        _mm256_mullo_epi32(_mm256_xor_si256(n.v, _mm256_set1_epi32(static_cast<int>(key))),
+                           _mm256_set1_epi32(static_cast<int>(0x9e3779b1u)));
     return {_mm256_xor_si256(x, _mm256_srli_epi32(x, 16))};
   }
   TORCHAMP_AVX2 static N low16(N n) { return {_mm256_and_si256(n.v, _mm256_set1_epi32(0xffff))}; }
@@ -262,17 +255,10 @@ struct Avx512 {
         _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(i))),
                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))};
   }
-  TORCHAMP_AVX512 static N plus(N n, uint32_t k) {
-    return {_mm512_add_epi32(n.v, _mm512_set1_epi32(static_cast<int>(k)))};
-  }
-  TORCHAMP_AVX512 static N xor_of(N n, uint32_t k) {
-    return {_mm512_xor_si512(n.v, _mm512_set1_epi32(static_cast<int>(k)))};
-  }
-  TORCHAMP_AVX512 static N mix32(N n) {
-    __m512i x = _mm512_xor_si512(n.v, _mm512_srli_epi32(n.v, 16));
-    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
-    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
-    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
+  TORCHAMP_AVX512 static N noise32(N n, uint32_t key) {  // as Avx2's
+    const __m512i x =
+        _mm512_mullo_epi32(_mm512_xor_si512(n.v, _mm512_set1_epi32(static_cast<int>(key))),
+                           _mm512_set1_epi32(static_cast<int>(0x9e3779b1u)));
     return {_mm512_xor_si512(x, _mm512_srli_epi32(x, 16))};
   }
   TORCHAMP_AVX512 static N low16(N n) { return {_mm512_and_si512(n.v, _mm512_set1_epi32(0xffff))}; }
