@@ -223,6 +223,10 @@ const std::vector<Mode>& known_modes() {
        "bfloat16 parameters, float32 master weights in the fused AdamW"},
       {"bf16-sr", DeviceType::CPU, std::nullopt, at::kBFloat16, false, false, true,
        "bfloat16 parameters and AdamW state, stochastic rounding (no masters)"},
+      {"bf16-nearest", DeviceType::CPU, std::nullopt, at::kBFloat16, false, false, false,
+       "bfloat16 parameters and AdamW state, round to nearest (what the other two buy; not a "
+       "default)",
+       false},
       {"fp16+scaler", DeviceType::CPU, at::kHalf, at::kFloat, true, false, false,
        "float16 autocast (LibTorch >= 2.2), GradScaler"},
       {"cuda-fp16+scaler", DeviceType::CUDA, at::kHalf, at::kFloat, true, false, false,
@@ -247,7 +251,7 @@ const Mode& find_mode(const std::string& name) {
 std::vector<std::string> default_modes() {
   std::vector<std::string> out;
   for (const auto& m : known_modes()) {
-    if (mode_available(m)) {
+    if (m.by_default && mode_available(m)) {
       out.push_back(m.name);
     }
   }

@@ -35,10 +35,11 @@ struct Mode {
   bool masters;                             // float32 master weights in the optimizer
   bool stochastic;                          // the optimizer rounds stochastically (no masters)
   std::string summary;
+  bool by_default = true;  // run when --modes is not given (where available)
 };
 
 /// Every mode the program knows; those this LibTorch and machine run; the
-/// one named (std::invalid_argument otherwise).
+/// one named (std::invalid_argument otherwise); those run by default.
 const std::vector<Mode>& known_modes();
 bool mode_available(const Mode& mode);
 const Mode& find_mode(const std::string& name);

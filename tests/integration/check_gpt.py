@@ -10,10 +10,11 @@ CASE is one of:
             vocabulary that does not fit, an --out of other options: exit 2,
             a message naming the value, nothing written
   resume    killed with SIGKILL (after a step, inside a checkpoint write, in
-            the second mode) and run again with the same command: metrics.csv
+            the second mode, bf16-sr, and the third) and run again with the same command: metrics.csv
             and the table's values byte-identical to the uninterrupted run's
   parallel  EXTRA = TORCHRUN: 2 ranks under torchrun take the 1-rank run's
-            (accum 2) scales and skips, with the same weights on both ranks;
+            (accum 2) scales and skips, with the same weights on both ranks
+            (bf16-sr's stochastic rounding included);
             under --max-restarts 1 a rank killed after a checkpoint is
             restarted and the job ends byte-identical to an uninterrupted one
   python    EXTRA = PYTHON TWIN: the same run in Python (gpt_python.py
@@ -81,8 +82,12 @@ def case_modes():
     out = os.path.join(WORK, "run")
     p = run(TINY + ["--out", out])
     modes = modes_of(out)
-    check("fp32" in modes and "bf16" in modes and "bf16-params" in modes,
+    check("fp32" in modes and "bf16" in modes and "bf16-params" in modes and "bf16-sr" in modes,
           "the CPU modes ran: %s" % modes)
+    per_param = {r["mode"]: float(r["bytes_per_param"]) for r in rows(os.path.join(out, "summary.csv"))}
+    check(per_param["bf16-sr"] == 6.0 and per_param["bf16-params"] == 12.0,
+          "bytes a parameter after the run (no gradients): bf16-sr 6 (parameter and two bfloat16 "
+          "moments), bf16-params 12 (float32 moments and the master's remainder): %s" % per_param)
     for mode in modes:
         losses = [float(r["loss"]) for r in rows(os.path.join(out, "metrics.csv"), mode)]
         first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
@@ -145,13 +150,16 @@ def case_errors():
 
 
 def case_resume():
-    args = TINY + ["--steps", "16", "--modes", "fp32,fp16+scaler" if fp16_here() else "fp32,bf16",
+    # bf16-sr second: its rounding generator must resume with the checkpoint.
+    args = TINY + ["--steps", "16", "--modes",
+                   "fp32,bf16-sr,fp16+scaler" if fp16_here() else "fp32,bf16-sr,bf16",
                    "--checkpoint-every", "5", "--sample", "0"]
     full = os.path.join(WORK, "full")
     run(args + ["--out", full])
     kills = [("TORCHAMP_TRAIN_KILL_AT_STEP", "7", "after step 7 of the first mode", 5),
              ("TORCHAMP_TRAIN_KILL_IN_CHECKPOINT", "2", "inside its second checkpoint write", 5),
-             ("TORCHAMP_TRAIN_KILL_AT_STEP", "28", "in the second mode, after step 12", 10)]
+             ("TORCHAMP_TRAIN_KILL_AT_STEP", "28", "in the second mode, after step 12", 10),
+             ("TORCHAMP_TRAIN_KILL_AT_STEP", "44", "in the third mode, after step 12", 10)]
     for var, value, what, step in kills:
         out = os.path.join(WORK, "killed-%s-%s" % (var[-4:], value))
         p = run(args + ["--out", out], env={var: value}, expect=None)
@@ -198,7 +206,8 @@ def decisions(out, mode):
 def case_parallel():
     torchrun_bin = EXTRA[0]
     mode = "fp16+scaler" if fp16_here() else "bf16"
-    base = TINY + ["--steps", "12", "--modes", "fp32," + mode, "--sample", "0"]
+    # bf16-sr too: its stochastic rounding must round alike on every rank.
+    base = TINY + ["--steps", "12", "--modes", "fp32,bf16-sr," + mode, "--sample", "0"]
     one = os.path.join(WORK, "one")
     run(base + ["--accum", "2", "--out", one])
     two = os.path.join(WORK, "two")
@@ -211,7 +220,7 @@ def case_parallel():
           "fp32: 2 ranks' losses = 1 rank's (max diff %.2g)" % max(abs(a - b) for a, b in zip(l1, l2)))
     r0 = open(os.path.join(two, "ranks", "rank0.txt")).read()
     r1 = open(os.path.join(two, "ranks", "rank1.txt")).read()
-    check(r0 == r1 and r0.count("\n") == 2, "both ranks end every mode with the same weights")
+    check(r0 == r1 and r0.count("\n") == 3, "both ranks end every mode with the same weights")
     # accumulation under no_sync on 2 ranks: the 1-rank run with 4 micro-batches.
     four = os.path.join(WORK, "four")
     run(base + ["--accum", "4", "--out", four])
