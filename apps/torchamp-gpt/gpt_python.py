@@ -15,7 +15,9 @@ columns; `torchamp-gpt --report RUN_DIR` then prints both runs' table and
 plots both runs' curves.
 
 The bf16-params mode runs bfloat16 parameters without master weights: the
-fused AdamW of PyTorch has none (torchamp's keeps float32 masters).
+fused AdamW of PyTorch has none (torchamp's keeps float32 masters); that is
+C++'s bf16-nearest, which this script runs the same way. C++'s bf16-sr
+(stochastic rounding) has no PyTorch counterpart and is not run here.
 
 --check: exit 1 unless the two runs agree on step 0's loss within --loss-atol
 (default 1e-5) in every mode both ran, and on every step's scale and skip
@@ -42,6 +44,7 @@ MODES = {
     "fp32": (None, torch.float32, False),
     "bf16": (torch.bfloat16, torch.float32, False),
     "bf16-params": (None, torch.bfloat16, False),
+    "bf16-nearest": (None, torch.bfloat16, False),  # C++'s twin of Python's bf16-params
     "fp16+scaler": (torch.float16, torch.float32, True),
 }
 

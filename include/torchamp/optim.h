@@ -15,7 +15,9 @@
 ///
 /// Each class derives from the LibTorch optimizer of the same name and is
 /// constructed like it; options, param groups, state and `save`/`load` are
-/// the base class's, so checkpoints move both ways between the two. `step()`
+/// the base class's, so checkpoints move both ways between the two (but for
+/// master weights and stochastic rounding, whose archives add their entry
+/// and are refused by an optimizer without the same option). `step()`
 /// is one fused pass over many parameters (CPU: torchamp's kernels; CUDA with
 /// LibTorch 2.4+: ATen's `_fused_*_`), else the base class's step. With
 /// `GradScaler::step(opt)` the update takes the scale and the found-inf flag
@@ -51,13 +53,17 @@ struct FusedOptions {
   /// bfloat16 parameters without master weights: each update is computed in
   /// float32 and written back to the parameter and its (bfloat16) state with
   /// stochastic rounding, so that updates smaller than half a bfloat16 step
-  /// are kept on average instead of lost. Every parameter must be bfloat16 on
-  /// the CPU; with `master_weights` it is a `c10::ValueError`.
+  /// are kept on average instead of lost. `c10::ValueError` at construction
+  /// with `master_weights`, or for a parameter that is not bfloat16 (at the
+  /// step for one cast later); at the step, `c10::NotImplementedError` for a
+  /// parameter off the CPU or a sparse or non-contiguous gradient.
   TORCH_ARG(bool, stochastic_rounding) = false;
   /// The rounding noise's seed. The noise of each update is a function of
-  /// the seed, the count of updates rounded so far and the parameter's index,
-  /// so every rank of a data-parallel job rounds alike (identical weights,
-  /// no communication), and `save`/`load` carry the count (exact resume).
+  /// the seed, the count of updates rounded so far and the parameter's index
+  /// in param-group order, so every rank of a data-parallel job rounds alike
+  /// (identical weights, no communication); two optimizers over one model
+  /// should take different seeds. `save`/`load` carry the seed and the count
+  /// (exact resume): a loaded archive's seed replaces this one.
   TORCH_ARG(uint64_t, seed) = 0;
 };
 
@@ -103,6 +109,8 @@ struct FusedTraits<torch::optim::AdamW> {
 /// class's. `supports_amp_scaling()`: whether the fused update takes this
 /// step's gradients (dense, contiguous, the parameters' own supported dtype and
 /// device); it prepares the update, which `amp_step(args)` right after it uses.
+/// With master weights or stochastic rounding a step the fused update cannot
+/// take throws instead (the errors of `FusedOptions`), changing nothing.
 template <class Base>
 class Fused : public Base, public StepSupportsAmpScaling {
  public:

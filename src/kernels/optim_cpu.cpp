@@ -5,7 +5,7 @@
 // unscaled gradient written back in the same pass, as ATen's fused ops). Built with
 // -O3 -fno-math-errno (so that sqrt vectorises) and -ffp-contract=off (no
 // FMA: every path rounds as the one-pass loop), cloned for AVX2 like the
-// unscale loops; master weights also run in AVX2 + F16C or AVX-512 vectors,
+// unscale loops; master weights and stochastic rounding also run in AVX2 + F16C or AVX-512 vectors,
 // picked at run time (vector_isa(), below).
 
 #include "optim_kernels.h"
@@ -147,10 +147,12 @@ using KindF16Master = Kind<F16Master, F16, Io<float>>;
 using KindBf16Stochastic = Kind<PlainParam<Bf16Sr>, Bf16, Bf16Sr, true>;
 
 // Element i's noise for each stored tensor of a stochastic job (16 bits
-// each: p, the parameter; s0..s2, the state's tensors): hashes of i and the
-// job's key, computed where the loop needs them (none for other kinds).
+// each: p, the parameter; s0 and s1, the state's first two tensors; AMSGrad's
+// max takes s1, the noise of the value it is the max of, so that with the
+// same noise the rounded max is never below the rounded value): hashes of i
+// and the job's key, computed where the loop needs them (none for other kinds).
 struct NoiseBits {
-  uint32_t p = 0, s0 = 0, s1 = 0, s2 = 0;
+  uint32_t p = 0, s0 = 0, s1 = 0;
 };
 template <bool kStochastic>
 struct Noise {
@@ -165,7 +167,7 @@ struct Noise<true> {
   NoiseBits at(int64_t i) const {
     const uint32_t a = noise32(static_cast<uint32_t>(i), k0);
     const uint32_t b = noise32(static_cast<uint32_t>(i), k1);
-    return {a & 0xffffu, a >> 16, b & 0xffffu, b >> 16};
+    return {a & 0xffffu, a >> 16, b & 0xffffu};
   }
 };
 
@@ -245,7 +247,7 @@ __attribute__((always_inline)) inline void adam_loop(const AdamJob& j, int64_t b
     S::store(m, i, mi, n.s0);
     S::store(v, i, vi, n.s1);
     if (kAmsgrad) {
-      S::store(vmax, i, vmi, n.s2);
+      S::store(vmax, i, vmi, n.s1);
     }
     p.store(i, pi, n.p);
   }
@@ -413,7 +415,7 @@ SgdLoop loop_for(const SgdJob& j, bool unscale) {
   return sgd_loop_for(j, unscale);
 }
 
-// ---- master weights in vectors: AVX2 + F16C (8 lanes), AVX-512 (16) -------
+// ---- master weights and stochastic rounding in vectors: AVX2 + F16C (8 lanes), AVX-512 (16)
 //
 // The one-pass master loops convert in integer arithmetic and are
 // compute-bound where the compiler cannot keep them in vectors: float16's
@@ -537,7 +539,7 @@ TORCHAMP_INLINE typename MV::V read_grad_vec(uint16_t* g, const typename MV::V& 
   return x;
 }
 
-// Walks a master job's [b, e) a vector at a time, `iteration(i, lanes)` on
+// Walks a master or stochastic job's [b, e) a vector at a time, `iteration(i, lanes)` on
 // each, the tail as the instruction set says, asking for each array's lines
 // ahead on long pieces (`ahead(i)`); false (nothing done) where the piece is
 // too short for an unmasked set.
@@ -631,7 +633,7 @@ TORCHAMP_INLINE void sgd_vec(const SgdJob& j, int64_t b, int64_t e, float grad_s
 template <class I>
 struct NoiseVec {
   using N = typename I::N;
-  N p, s0, s1, s2;
+  N p, s0, s1;
   TORCHAMP_INLINE NoiseVec(uint64_t key, int64_t i) {
     const auto k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
     const N lanes = I::lanes_from(i);
@@ -640,7 +642,6 @@ struct NoiseVec {
     p = I::low16(a);
     s0 = I::high16(a);
     s1 = I::low16(b);
-    s2 = I::high16(b);
   }
 };
 
@@ -666,7 +667,7 @@ TORCHAMP_INLINE void adam_sr_vec(const AdamJob& j, int64_t b, int64_t e, float g
     lanes.storeh(m + i, I::narrow_bf16_stochastic(mi, n.s0));
     lanes.storeh(v + i, I::narrow_bf16_stochastic(vi, n.s1));
     if (kAmsgrad) {
-      lanes.storeh(vmax + i, I::narrow_bf16_stochastic(vmi, n.s2));
+      lanes.storeh(vmax + i, I::narrow_bf16_stochastic(vmi, n.s1));
     }
     lanes.storeh(p + i, I::narrow_bf16_stochastic(pi, n.p));
   };
@@ -767,7 +768,7 @@ TORCHAMP_X86_DIAGNOSTICS_POP
     }                                                          \
   }
 
-// The loop for a master job on `isa` (avx2 or avx512):
+// The loop for a master (or stochastic) job on `isa` (avx2 or avx512):
 // [avx512][float16][decoupled][amsgrad][unscale].
 // A stochastic job's: [avx512][decoupled][amsgrad][unscale].
 #define TORCHAMP_ADAM_SR_ISA(F)                         \

@@ -72,21 +72,6 @@ struct MasterWeights::Store {
   uint64_t version = 0;  // bumped by every change of `entries`
 };
 
-// Stochastic rounding's generator (the other part of the state): the seed,
-// and the count of updates rounded so far (a skipped step counts none), which
-// with the parameter's index keys each update's noise (kernels::rounding_key).
-struct StochasticRounding {
-  bool on = false;
-  uint64_t seed = 0;
-  uint64_t updates = 0;
-};
-
-// Its archive entry (save), and reading and checking one against the
-// optimizer's, changing nothing (load): the generator to continue with.
-void save_rounding(const StochasticRounding& rounding, torch::serialize::OutputArchive& archive);
-StochasticRounding read_rounding(const StochasticRounding& rounding,
-                                 torch::serialize::InputArchive& archive);
-
 struct CachedParam;
 
 // A parameter's master weight, made at its first step: exactly the

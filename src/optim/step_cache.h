@@ -169,7 +169,7 @@ inline void prefetch_storages(const StepCache::Plan& plan, size_t i) {
 }
 
 // A parameter the update must take but cannot (only with master weights or
-// stochastic rounding, `feature`: the base class's step would ignore them).
+// stochastic rounding, `stochastic`: the base class's step would ignore them).
 [[noreturn]] void refuse_unfusable(size_t group, size_t index, const at::Tensor& p,
                                    const at::Tensor& grad, const char* what, bool stochastic);
 

@@ -3,6 +3,7 @@
 // The fused updates: SGD's, and Adam's (AdamW's with decoupled weight
 // decay), over what the step's walk prepared. Private to src/optim/.
 
+#include "optim/rounding.h"
 #include "optim/step_cache.h"
 
 #include <torch/optim/adam.h>

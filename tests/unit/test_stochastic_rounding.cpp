@@ -399,6 +399,10 @@ TEST(StochasticRounding, VectorPathEqualsTheOnePassLoop) {
         out.push_back(bits16(a.exp_avg_sq()));
         if (a.max_exp_avg_sq().defined()) {
           out.push_back(bits16(a.max_exp_avg_sq()));
+          // AMSGrad's max rounds with its value's noise: never below it.
+          const at::Tensor below =
+              a.max_exp_avg_sq().to(at::kFloat) < a.exp_avg_sq().to(at::kFloat);
+          EXPECT_EQ(below.sum().item<int64_t>(), 0);
         }
       }
     }

@@ -1,0 +1,32 @@
+#pragma once
+
+// The fused optimizers' stochastic rounding generator (FusedOptions()
+// .stochastic_rounding): its state and its archive entry. Private to
+// src/optim/.
+
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <cstdint>
+
+namespace torchamp {
+namespace optim {
+
+// Stochastic rounding's generator (the fused optimizers' other part of the
+// state beside the master weights): the seed,
+// and the count of updates rounded so far (a skipped step counts none), which
+// with the parameter's index keys each update's noise (kernels::rounding_key).
+struct StochasticRounding {
+  bool on = false;
+  uint64_t seed = 0;
+  uint64_t updates = 0;
+};
+
+// Its archive entry (save), and reading and checking one against the
+// optimizer's, changing nothing (load): the generator to continue with.
+void save_rounding(const StochasticRounding& rounding, torch::serialize::OutputArchive& archive);
+StochasticRounding read_rounding(const StochasticRounding& rounding,
+                                 torch::serialize::InputArchive& archive);
+
+}  // namespace optim
+}  // namespace torchamp
