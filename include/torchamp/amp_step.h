@@ -20,6 +20,8 @@
 
 #include <torchamp/config.h>
 
+#include <ATen/core/Tensor.h>
+
 #include <optional>
 
 namespace torchamp {
@@ -36,6 +38,15 @@ struct AmpStepArgs {
   /// When true the update must change nothing: parameters, state, step counts
   /// and gradients.
   bool found_inf = false;
+  /// From a scaler whose state lives on a device (a CUDA scaler, or
+  /// `GradScalerOptions().device_state(true)`), for an optimizer whose
+  /// `takes_device_args()` is true: the flag as a float32 0-dim tensor on
+  /// that device (0: clean), so that the step makes no host read. Then
+  /// `found_inf` and `grad_scale` above are not set: `grad_scale_tensor`
+  /// (float32, 0-dim, undefined when the gradients were already unscaled)
+  /// replaces `grad_scale`. Undefined otherwise.
+  at::Tensor found_inf_tensor{};
+  at::Tensor grad_scale_tensor{};
 };
 
 /// An optimizer whose step can take gradients still multiplied by the loss
@@ -54,6 +65,12 @@ class StepSupportsAmpScaling {
   /// `supports_amp_scaling()` returned true), with the scale unless `unscale_`
   /// already ran, and with the agreed overflow flag.
   virtual void amp_step(const AmpStepArgs& args) = 0;
+
+  /// Whether `amp_step` reads `found_inf_tensor`/`grad_scale_tensor` when
+  /// they are set. false (the default, an optimizer written before they
+  /// existed): a device scaler reads its flag and scale back to the host for
+  /// it (one sync) and sets `found_inf`/`grad_scale` as always.
+  virtual bool takes_device_args() const { return false; }
 };
 
 }  // namespace torchamp

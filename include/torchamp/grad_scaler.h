@@ -70,6 +70,12 @@ struct GradScalerOptions {
   /// once: Paddle's `_unscale`, which the Paddle facade sets). false
   /// (default, as PyTorch): it refuses them.
   TORCH_ARG(bool, unscale_float16) = false;
+  /// true: the scale, its trackers and the found-inf flags live in tensors
+  /// on the CPU and are updated there by ATen's AMP ops, as Python's
+  /// `GradScaler("cpu")` and as they always do for CUDA tensors (no host
+  /// read in an iteration: docs/grad_scaler.md#where-the-state-lives). For
+  /// tests and parity; false (default): on the CPU they are host values.
+  TORCH_ARG(bool, device_state) = false;
 };
 
 namespace detail {
@@ -92,6 +98,33 @@ class GradCaches {
 };
 
 }  // namespace detail
+
+/// What `GradScaler::step` returns: what `optimizer.step()` returned, or
+/// nothing when the step was skipped, as a `std::optional<at::Tensor>` (to
+/// which it converts). On a scaler whose state lives on a device, whether
+/// the step was skipped is known there: asking (`has_value()`, `bool`,
+/// `value()`, `*`, the conversion) reads it back then, once, not before.
+class StepResult {
+ public:
+  StepResult() = default;  ///< skipped
+  StepResult(std::nullopt_t /*none*/) {}
+  StepResult(at::Tensor value) : value_(std::move(value)) {}
+  /// Skipped where `found_inf` (a 0-dim float32 flag on a device) is not 0.
+  static StepResult pending(at::Tensor value, at::Tensor found_inf);
+
+  bool has_value() const;
+  explicit operator bool() const { return has_value(); }
+  /// Throws `std::bad_optional_access` when the step was skipped.
+  const at::Tensor& value() const;
+  const at::Tensor& operator*() const { return value(); }
+  const at::Tensor* operator->() const { return &value(); }
+  operator std::optional<at::Tensor>() const;
+
+ private:
+  std::optional<at::Tensor> value_;
+  at::Tensor found_inf_;  // defined: not yet read back
+  mutable std::optional<bool> skipped_;
+};
 
 /// A parameter whose gradient held an inf/NaN at the last `unscale_`.
 struct NonFiniteGradient {
@@ -132,7 +165,7 @@ class GradScaler {
   /// `StepSupportsAmpScaling` takes the scale in its update instead. The
   /// `max_consecutive_skips`-th skip in a row throws `c10::Error`, as does a
   /// second `step` before `update()` or an optimizer without gradients.
-  std::optional<at::Tensor> step(torch::optim::Optimizer& optimizer);
+  StepResult step(torch::optim::Optimizer& optimizer);
 
   /// `unscale_(opt)` then `clip_grad_norm_(params, max_norm)` in one call;
   /// returns the real norm (inf/NaN on overflow). With `StepSupportsAmpScaling`
@@ -142,14 +175,16 @@ class GradScaler {
 
   /// Refused while enabled (`c10::Error`: its gradients would not be
   /// unscaled); disabled: `optimizer.step(closure)`.
-  std::optional<at::Tensor> step(torch::optim::Optimizer& optimizer, LossClosure closure);
+  StepResult step(torch::optim::Optimizer& optimizer, LossClosure closure);
 
   /// Python's `update`: backs off after `backoff_interval` overflowing updates,
   /// grows after `growth_interval` clean ones; `new_scale` sets the scale.
   /// `c10::Error` when no gradient was checked since the last update.
   void update(std::optional<double> new_scale = std::nullopt);
 
-  /// The current scale (a float32 value); 1.0 when disabled.
+  /// The current scale (a float32 value); 1.0 when disabled. This, the
+  /// trackers' and skips' getters, `options()`, `state_dict()` and
+  /// `non_finite_gradients()` read a device scaler's state back (one sync).
   double get_scale() const;
   bool is_enabled() const { return enabled_; }
   /// The options as they stand now: the constructor's, changed by the
@@ -162,15 +197,18 @@ class GradScaler {
   int64_t get_growth_interval() const { return schedule_.growth_interval(); }
   int64_t get_backoff_interval() const { return schedule_.backoff_interval(); }
   /// Consecutive clean updates counted so far.
-  int64_t get_growth_tracker() const { return schedule_.growth_tracker(); }
+  int64_t get_growth_tracker() const { return host_().growth_tracker(); }
   /// Consecutive overflowing updates counted so far.
-  int64_t get_backoff_tracker() const { return schedule_.backoff_tracker(); }
+  int64_t get_backoff_tracker() const { return host_().backoff_tracker(); }
   bool is_dynamic() const { return schedule_.dynamic(); }
 
   double get_min_scale() const { return schedule_.min_scale(); }
   int64_t get_max_consecutive_skips() const { return max_consecutive_skips_; }
   /// Skipped steps since the last clean update.
-  int64_t get_consecutive_skips() const { return consecutive_skips_; }
+  int64_t get_consecutive_skips() const {
+    host_();
+    return consecutive_skips_;
+  }
 
   /// Validated as in the constructor (`c10::ValueError`, nothing changed).
   void set_growth_factor(double growth_factor);
@@ -185,7 +223,9 @@ class GradScaler {
   void set_init_scale(double init_scale);
 
   /// The parameters whose gradients held an inf/NaN at this optimizer's
-  /// last `unscale_` (or `step`), in optimizer order.
+  /// last `unscale_` (or `step`), in optimizer order. A device scaler finds
+  /// them when asked, in the gradients as they are then (ask before
+  /// `zero_grad`).
   std::vector<NonFiniteGradient> non_finite_gradients(
       const torch::optim::Optimizer& optimizer) const;
 
@@ -224,6 +264,25 @@ class GradScaler {
     bool found_inf = false;  // agreed result (one host sync per device, at unscale)
     bool deferred = false;   // gradients left scaled: the optimizer's amp_step unscales them
     float clip_coef = 1.0f;  // folded into the scale amp_step divides by (clip_grad_norm_)
+    // A device scaler's instead of found_inf and clip_coef: a float32 0-dim
+    // flag per device of the gradients, and the clip coefficient (undefined: 1).
+    std::vector<at::Tensor> found_on;
+    at::Tensor clip_coef_on;
+  };
+
+  // The scale, the trackers and the consecutive-skip count of a scaler whose
+  // state lives on a device (a CUDA scaler, or device_state): 0-dim tensors
+  // there, updated in place. `schedule_` and `consecutive_skips_` then hold
+  // what was last read back, and `host_()` reads them again when stale.
+  struct OnDevice {
+    at::Tensor scale;    // float32
+    at::Tensor growth;   // int32, as _amp_update_scale_ takes it
+    at::Tensor backoff;  // int32
+    at::Tensor skips;    // int64
+    bool host_stale = false;
+    // The growth tracker is below its interval (always after an update; a
+    // setter or a load may break it): _amp_update_scale_'s rule then agrees.
+    bool tracker_below_interval = true;
   };
 
   // Validates, then unscales (or, with `unscale` false, only checks, and with
@@ -231,6 +290,19 @@ class GradScaler {
   // any gradient was checked. Nothing is changed if it throws.
   bool unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state, bool unscale,
                       double* sum_squares = nullptr);
+  // The same on a device scaler, with no host read (a reducer reads the
+  // flags); `norm`: also the real gradients' norm (0-dim float32).
+  bool unscale_on_device_(torch::optim::Optimizer& optimizer, OptimizerState& state, bool unscale,
+                          at::Tensor* norm = nullptr);
+  // Whether gradients on `device` take the device state (made on first use).
+  bool on_device_(c10::Device device);
+  // The schedule, read back first where a device holds the state.
+  const ScaleSchedule& host_() const;
+  // Writes the host values into the device state after a setter or a load.
+  void write_device_();
+  // One optimizer's agreed flag on the scale's device (the flags' sum).
+  at::Tensor found_total_(const OptimizerState& state) const;
+  void update_on_device_();
   // The stage checks of unscale_ and clip_grad_norm_.
   void check_ready_for_unscale_(const torch::optim::Optimizer& optimizer) const;
   // Records the agreed flag and the non-finite gradients of one check.
@@ -241,18 +313,27 @@ class GradScaler {
 
   // The state: the schedule (scale, factors, intervals, trackers, dynamic,
   // min_scale) and the rest; options() is derived from these.
-  ScaleSchedule schedule_;
+  mutable ScaleSchedule schedule_;
   double init_scale_;
   bool enabled_;
   int64_t max_consecutive_skips_;
-  int64_t consecutive_skips_ = 0;
+  mutable int64_t consecutive_skips_ = 0;
 
   bool unscale_float16_;  // the option of that name
+  bool device_state_;     // the option of that name
+  mutable std::optional<OnDevice> device_;
 
   FoundInfReducer found_inf_reducer_;
   std::unordered_map<const void*, std::string> parameter_names_;  // by TensorImpl
   std::unordered_map<const torch::optim::Optimizer*, std::vector<NonFiniteGradient>>
       last_non_finite_;
+  // A device scaler's last checked parameters per optimizer, for the report.
+  struct CheckedParam {
+    size_t group;
+    size_t index;
+    at::Tensor param;
+  };
+  std::unordered_map<const torch::optim::Optimizer*, std::vector<CheckedParam>> last_checked_;
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
   detail::GradCaches grad_caches_;
 };

@@ -19,7 +19,8 @@
 /// master weights and stochastic rounding, whose archives add their entry
 /// and are refused by an optimizer without the same option). `step()`
 /// is one fused pass over many parameters (CPU: torchamp's kernels; CUDA with
-/// LibTorch 2.4+: ATen's `_fused_*_`), else the base class's step. With
+/// LibTorch 2.4+: ATen's `_fused_*_`, master weights included), else the base
+/// class's step. With
 /// `GradScaler::step(opt)` the update takes the scale and the found-inf flag
 /// (`torchamp/amp_step.h`) and leaves the gradients unscaled, as Python's
 /// fused optimizers. `FusedOptions().master_weights(true)`: float32 masters
@@ -65,6 +66,13 @@ struct FusedOptions {
   /// should take different seeds. `save`/`load` carry the seed and the count
   /// (exact resume): a loaded archive's seed replaces this one.
   TORCH_ARG(uint64_t, seed) = 0;
+  /// CPU parameters take the path CUDA ones take: ATen's multi-tensor fused
+  /// ops (`_fused_adamw_`, ...), with master weights as ATen ops around them.
+  /// For tests and comparison (torchamp's own CPU kernels are faster); the
+  /// same bits where their float32 updates agree. `c10::NotImplementedError`
+  /// at construction on LibTorch < 2.4 (no ATen fused ops) and
+  /// `c10::ValueError` with `stochastic_rounding` (torchamp's kernels only).
+  TORCH_ARG(bool, aten_kernels) = false;
 };
 
 namespace detail {
@@ -123,6 +131,14 @@ class Fused : public Base, public StepSupportsAmpScaling {
   at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override;
   bool supports_amp_scaling() const override;
   void amp_step(const AmpStepArgs& args) override;
+  /// true: a device scaler's flag and scale go to ATen's ops as tensors (no
+  /// host read; a skipped step is undone on the device, as Python's fused
+  /// optimizers do). The base class's step counts of those parameters then
+  /// catch up at `save` (and `fused_step_counts_to_host`), not before.
+  bool takes_device_args() const override { return true; }
+  /// Brings the state's step counts of parameters on ATen's path up to the
+  /// device's (one read each); `save` does it first.
+  void fused_step_counts_to_host();
   /// The base class's state, then the master weights and the stochastic
   /// rounding's generator (when on).
   void save(torch::serialize::OutputArchive& archive) const override;

@@ -66,6 +66,14 @@ class ScaleSchedule {
   /// The floor of backoffs; 0: none (PyTorch's behaviour).
   double min_scale() const noexcept { return min_scale_; }
 
+  /// Sets the scale and both trackers as `advance` left them, unvalidated:
+  /// for a state kept elsewhere (a GradScaler's on a device) and read back.
+  void restore(const State& state) noexcept {
+    scale_ = state.scale;
+    growth_tracker_ = state.growth_tracker;
+    backoff_tracker_ = state.backoff_tracker;
+  }
+
   /// Sets the scale (rounded to float32); counters untouched.
   void set_scale(double scale);
   void set_growth_factor(double growth_factor);

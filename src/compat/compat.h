@@ -174,24 +174,26 @@ constexpr bool kAtenFusedOptimizers = TORCHAMP_ATEN_FUSED_OPTIMIZERS;
 /// One fused Adam (`decoupled`: AdamW) step over tensors of one device and
 /// dtype. `steps`: one float32 tensor per parameter on that device, the step
 /// count including this step. With `grad_scale` (a float32 one-element tensor
-/// on that device) each gradient is divided by it, and written back so.
+/// on that device) each gradient is divided by it, and written back so; with
+/// `found_inf` (the same, 0: clean) not 0 nothing changes.
 inline void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                        at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
                        at::TensorList steps, double lr, double beta1, double beta2,
                        double weight_decay, double eps, bool amsgrad, bool decoupled,
-                       const c10::optional<at::Tensor>& grad_scale) {
+                       const c10::optional<at::Tensor>& grad_scale,
+                       const c10::optional<at::Tensor>& found_inf) {
 #if TORCHAMP_ATEN_FUSED_OPTIMIZERS
   if (decoupled) {
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1,
-                      beta2, weight_decay, eps, amsgrad, /*maximize=*/false, grad_scale);
+                      beta2, weight_decay, eps, amsgrad, /*maximize=*/false, grad_scale, found_inf);
   } else {
     at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
-                     weight_decay, eps, amsgrad, /*maximize=*/false, grad_scale);
+                     weight_decay, eps, amsgrad, /*maximize=*/false, grad_scale, found_inf);
   }
 #else
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)max_exp_avg_sqs, (void)steps,
       (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps, (void)amsgrad,
-      (void)decoupled, (void)grad_scale;
+      (void)decoupled, (void)grad_scale, (void)found_inf;
   TORCH_CHECK(false, "torchamp: ATen's fused optimizers need LibTorch 2.4 or later");
 #endif
 }
@@ -201,13 +203,14 @@ inline void fused_adam(at::TensorList params, at::TensorList grads, at::TensorLi
 /// first direction (as the base class's clone).
 inline void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                       double weight_decay, double momentum, double lr, double dampening,
-                      bool nesterov, bool first_step, const c10::optional<at::Tensor>& grad_scale) {
+                      bool nesterov, bool first_step, const c10::optional<at::Tensor>& grad_scale,
+                      const c10::optional<at::Tensor>& found_inf) {
 #if TORCHAMP_ATEN_FUSED_OPTIMIZERS
   at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening, nesterov,
-                  /*maximize=*/false, first_step, grad_scale);
+                  /*maximize=*/false, first_step, grad_scale, found_inf);
 #else
   (void)params, (void)grads, (void)momentum_buffers, (void)weight_decay, (void)momentum, (void)lr,
-      (void)dampening, (void)nesterov, (void)first_step, (void)grad_scale;
+      (void)dampening, (void)nesterov, (void)first_step, (void)grad_scale, (void)found_inf;
   TORCH_CHECK(false, "torchamp: ATen's fused optimizers need LibTorch 2.4 or later");
 #endif
 }

@@ -14,16 +14,6 @@
 namespace torchamp {
 namespace optim {
 
-struct detail::FusedState::Impl {
-  explicit Impl(const FusedOptions& options)
-      : masters(options.master_weights()),
-        rounding{options.stochastic_rounding(), options.seed(), 0} {}
-  StepCache cache;
-  MasterWeights masters;
-  StochasticRounding rounding;
-  bool dtypes_checked = false;  // for the slow-CPU warning, at the first step
-};
-
 detail::FusedState::FusedState(const FusedOptions& options)
     : impl_(std::make_unique<Impl>(options)) {}
 detail::FusedState::~FusedState() = default;
@@ -50,14 +40,13 @@ at::Tensor fused_or_base_step(Self& self, torch::optim::Optimizer::LossClosure c
 // What differs between the three: the per-parameter state's type and
 // tensors (for the step's walk), and the update.
 template <class Base, class ParamState,
-          void (*kUpdate)(Base&, const StepCache&, const MasterWeights&, StochasticRounding&,
-                          const AmpStepArgs&),
+          void (*kUpdate)(Base&, detail::FusedState::Impl&, const AmpStepArgs&),
           StateTensors (*kTensors)(const ParamState&)>
 struct UpdateOf {
   using State = ParamState;
   static StateTensors tensors(const State& s) { return kTensors(s); }
   static void step(Base& opt, detail::FusedState::Impl& f, const AmpStepArgs& args) {
-    kUpdate(opt, f.cache, f.masters, f.rounding, args);
+    kUpdate(opt, f, args);
   }
 };
 
@@ -96,6 +85,14 @@ void warn_on_half_cpu_params(const torch::optim::Optimizer& opt, detail::FusedSt
 // torchamp's options against each other and the parameters, before the
 // optimizer exists (a model cast later is checked at its step).
 void check_fused_options(const torch::optim::Optimizer& opt, const FusedOptions& fused) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!fused.aten_kernels() || compat::kAtenFusedOptimizers,
+                              "torchamp::optim: FusedOptions().aten_kernels(true) needs ATen's "
+                              "fused optimizer ops, LibTorch 2.4 or later; this is ",
+                              compat::runtime_torch_version(), ".");
+  TORCH_CHECK_VALUE(!fused.aten_kernels() || !fused.stochastic_rounding(),
+                    "torchamp::optim: FusedOptions().aten_kernels(true) together with "
+                    "stochastic_rounding(true): stochastic rounding is torchamp's CPU kernels "
+                    "only; choose one.");
   if (!fused.stochastic_rounding()) {
     return;
   }
@@ -141,7 +138,7 @@ template <class Base>
 bool Fused<Base>::supports_amp_scaling() const {
   const auto& f = fused_.impl();
   return prepare<typename Update<Base>::State>(*this, f.cache.plan(), f.masters, f.rounding.on,
-                                               Update<Base>::tensors);
+                                               f.aten_on_cpu, Update<Base>::tensors);
 }
 
 template <class Base>
@@ -151,7 +148,16 @@ void Fused<Base>::amp_step(const AmpStepArgs& args) {
 }
 
 template <class Base>
+void Fused<Base>::fused_step_counts_to_host() {
+  sync_host_steps(*this, fused_.impl());
+}
+
+template <class Base>
 void Fused<Base>::save(torch::serialize::OutputArchive& archive) const {
+  // The counts a device scaler's steps left on the device: the state's own
+  // (a cache of them, brought up to date), so saving changes nothing a
+  // caller can observe but the counts becoming current.
+  sync_host_steps(const_cast<Fused&>(*this), fused_.impl());
   Base::save(archive);
   save_masters(*this, fused_.impl().masters, archive);
   save_rounding(fused_.impl().rounding, archive);
@@ -167,6 +173,8 @@ void Fused<Base>::load(torch::serialize::InputArchive& archive) {
   f.masters.store().entries = std::move(loaded);
   ++f.masters.store().version;
   f.cache = StepCache();
+  f.device_steps.clear();  // made again from the loaded counts
+  f.host_steps_stale = false;
 }
 
 template <class Base>
@@ -175,7 +183,8 @@ FusedOptions Fused<Base>::fused_options() const {
   return FusedOptions()
       .master_weights(f.masters.on())
       .stochastic_rounding(f.rounding.on)
-      .seed(f.rounding.seed);
+      .seed(f.rounding.seed)
+      .aten_kernels(f.aten_on_cpu);
 }
 
 template <class Base>

@@ -1,8 +1,8 @@
 #include "optim/master_weights.h"
 
+#include "optim/aten_masters.h"
 #include "optim/step_cache.h"
 
-#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
@@ -101,21 +101,13 @@ at::Tensor master_storage(const MasterWeights& masters, const at::Tensor& param)
   return it == entries.end() ? at::Tensor() : it->second.master;
 }
 
-// The float32 value of a parameter's master (a new tensor).
+// The float32 value of a parameter's master (a new tensor, on its device).
 at::Tensor master_value(const MasterWeights& masters, const at::Tensor& param) {
   const at::Tensor master = master_storage(masters, param);
   if (!master.defined() || param.scalar_type() != at::kBFloat16) {
     return master.defined() ? master.clone() : master;
   }
-  at::Tensor out = at::empty(param.sizes(), param.options().dtype(at::kFloat));
-  const at::Tensor p = param.contiguous();
-  const auto* hi = static_cast<const uint16_t*>(p.data_ptr());
-  const auto* rem = master.data_ptr<int16_t>();
-  auto* bits = static_cast<uint32_t*>(out.data_ptr());
-  for (int64_t i = 0; i < out.numel(); ++i) {
-    bits[i] = (static_cast<uint32_t>(hi[i]) << 16) + static_cast<uint32_t>(int32_t{rem[i]});
-  }
-  return out;
+  return join_bf16_master(param.contiguous(), master).view(param.sizes());
 }
 
 }  // namespace optim

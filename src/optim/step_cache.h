@@ -77,17 +77,29 @@ struct StepCache::Plan {
   bool prepared = false;
 };
 
-// Dense contiguous CPU parameters go to torchamp's kernels; dense contiguous
-// CUDA ones to ATen's multi-tensor fused ops where this LibTorch has them
-// (not with a master weight or stochastic rounding, `own`: those are
-// torchamp's kernels only).
-inline bool fusable_param(const at::Tensor& p, const at::Tensor& grad, bool own) {
+// Whether a parameter takes ATen's fused ops (CUDA, and CPU with
+// FusedOptions().aten_kernels) rather than torchamp's CPU kernels.
+inline bool takes_aten(const at::Tensor& p, bool aten_on_cpu) {
+  return !p.device().is_cpu() || aten_on_cpu;
+}
+
+// Dense contiguous parameters with gradients of their dtype: on the CPU to
+// torchamp's kernels; on CUDA (and the CPU with `aten_on_cpu`) to ATen's
+// multi-tensor fused ops where this LibTorch has them, master weights as ATen
+// ops around them (aten_masters.h). Stochastic rounding is torchamp's
+// kernels only.
+inline bool fusable_param(const at::Tensor& p, const at::Tensor& grad, bool stochastic,
+                          bool aten_on_cpu) {
   const auto dtype = p.scalar_type();
   if (!kernels::optim_supports(dtype) || !dense_on(p, dtype, p.device()) ||
       !dense_on(grad, dtype, p.device())) {
     return false;
   }
-  return p.device().is_cpu() || (!own && compat::kAtenFusedOptimizers && p.device().is_cuda());
+  if (!takes_aten(p, aten_on_cpu)) {
+    return true;
+  }
+  return !stochastic && compat::kAtenFusedOptimizers &&
+         (p.device().is_cpu() || p.device().is_cuda());
 }
 
 inline bool same_state(const CachedParam& c, const ParamState* st, const StateTensors& ts) {
@@ -186,9 +198,11 @@ inline void prefetch_storages(const StepCache::Plan& plan, size_t i) {
 // replaced or erased, a state tensor replaced or resized), and a new one is
 // checked before it is used. With master weights or stochastic rounding
 // (`stochastic`), a step the fused update cannot take throws instead.
+// `aten_on_cpu`: CPU parameters take ATen's ops too (takes_aten).
 template <class State, class TensorsOf>
 bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
-             const MasterWeights& masters, bool stochastic, TensorsOf tensors_of) {
+             const MasterWeights& masters, bool stochastic, bool aten_on_cpu,
+             TensorsOf tensors_of) {
   plan.prepared = false;
   plan.ready.clear();
   const auto& groups = opt.param_groups();
@@ -257,7 +271,7 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
       refuse_stochastic(c.group, c.index, p);
     }
     const bool must_fuse = masters.on() || c.stochastic;
-    if (!fusable_param(p, grad, c.master || c.stochastic)) {
+    if (!fusable_param(p, grad, c.stochastic, aten_on_cpu)) {
       if (must_fuse) {
         refuse_unfusable(c.group, c.index, p, grad, "parameter or gradient", c.stochastic);
       }
@@ -298,10 +312,11 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
 // cannot be fused.
 template <class State, class TensorsOf>
 StepCache::Plan& ready_plan(const torch::optim::Optimizer& opt, const StepCache& cache,
-                            const MasterWeights& masters, bool stochastic, TensorsOf tensors_of) {
+                            const MasterWeights& masters, bool stochastic, bool aten_on_cpu,
+                            TensorsOf tensors_of) {
   StepCache::Plan& plan = cache.plan();
   if (!plan.prepared) {
-    TORCH_CHECK(prepare<State>(opt, plan, masters, stochastic, tensors_of),
+    TORCH_CHECK(prepare<State>(opt, plan, masters, stochastic, aten_on_cpu, tensors_of),
                 "amp_step: this step's parameters, gradients or state cannot take the fused "
                 "update (supports_amp_scaling() is false)");
   }

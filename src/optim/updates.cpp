@@ -1,8 +1,11 @@
 #include "optim/updates.h"
 
 #include "compat/compat.h"
+#include "optim/aten_masters.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_sub.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
@@ -18,36 +21,109 @@ namespace optim {
 
 namespace {
 
+// What a step's AmpStepArgs say. A device scaler's flag and scale are read
+// on the host only where that is free (CPU tensors) or unavoidable
+// (torchamp's CPU kernels under a flag on another device); else ATen's ops
+// take them as they are.
+struct StepFlags {
+  bool skip = false;           // known on the host: nothing changes
+  std::optional<float> scale;  // for torchamp's CPU kernels
+  at::Tensor found_on_device;  // the flag, not read back
+  at::Tensor scale_on_device;  // the scale as a tensor (undefined: none)
+  const float* scale_ptr() const { return scale ? &*scale : nullptr; }
+};
+
+float read_float(const at::Tensor& t) {
+  return t.is_cpu() ? *static_cast<const float*>(t.data_ptr()) : t.item<float>();
+}
+
+// `keep`: a CPU flag is kept as a tensor too (FusedOptions().aten_kernels:
+// the CPU runs what CUDA runs).
+StepFlags read_flags(const AmpStepArgs& args, bool keep) {
+  StepFlags f;
+  if (!args.found_inf_tensor.defined()) {
+    f.skip = args.found_inf;
+    f.scale = args.grad_scale;
+    return f;
+  }
+  f.scale_on_device = args.grad_scale_tensor;
+  if (args.found_inf_tensor.is_cpu() && !keep) {  // free to read: as the host flag
+    f.skip = read_float(args.found_inf_tensor) != 0.0f;
+    if (args.grad_scale_tensor.defined()) {
+      f.scale = read_float(args.grad_scale_tensor);
+    }
+  } else {
+    f.found_on_device = args.found_inf_tensor;
+  }
+  return f;
+}
+
+// torchamp's CPU kernels under a device flag (CPU and CUDA parameters in one
+// optimizer with a CUDA scaler): the flag and the scale read back, once.
+void read_for_cpu_jobs(StepFlags& flags) {
+  if (flags.found_on_device.defined()) {
+    flags.skip = flags.found_on_device.item<float>() != 0.0f;
+    if (flags.scale_on_device.defined()) {
+      flags.scale = flags.scale_on_device.item<float>();
+    }
+  }
+}
+
 // ATen's fused ops divide each gradient by a scale tensor on its device
 // (and then write it back divided); none when the gradients are unscaled.
-c10::optional<at::Tensor> grad_scale_on(c10::Device device, const AmpStepArgs& args) {
-  if (!args.grad_scale) {
+c10::optional<at::Tensor> grad_scale_on(c10::Device device, const StepFlags& flags) {
+  if (flags.scale_on_device.defined()) {
+    return flags.scale_on_device.to(device);
+  }
+  if (!flags.scale) {
     return c10::nullopt;
   }
-  return at::full({1}, *args.grad_scale, at::TensorOptions().dtype(at::kFloat).device(device));
+  return at::full({1}, *flags.scale, at::TensorOptions().dtype(at::kFloat).device(device));
 }
 
-// The kernels' grad_scale pointer: null when the gradients are unscaled.
-const float* grad_scale_ptr(const AmpStepArgs& args) {
-  return args.grad_scale ? &*args.grad_scale : nullptr;
-}
-
-// One 0-dim tensor per element of a contiguous 1-D tensor, sharing its
-// storage. Built directly rather than by unbind(): ten thousand parameters
-// would otherwise cost ten thousand dispatched view operations a step, more
-// than the fused update itself.
-std::vector<at::Tensor> element_views(const at::Tensor& flat) {
-  std::vector<at::Tensor> views;
-  views.reserve(static_cast<size_t>(flat.numel()));
-  const c10::TensorImpl& impl = *flat.unsafeGetTensorImpl();
-  for (int64_t i = 0; i < flat.numel(); ++i) {
-    auto view = c10::make_intrusive<c10::TensorImpl>(c10::Storage(impl.storage()), impl.key_set(),
-                                                     impl.dtype());
-    view->set_sizes_contiguous({});
-    view->set_storage_offset(impl.storage_offset() + i);
-    views.emplace_back(std::move(view));
+c10::optional<at::Tensor> found_inf_on(c10::Device device, const StepFlags& flags) {
+  if (!flags.found_on_device.defined()) {
+    return c10::nullopt;
   }
-  return views;
+  return flags.found_on_device.to(device);
+}
+
+// The device step count of a parameter on ATen's path, made from the
+// state's count (`host_step`, before this step) where there is none for this
+// state yet.
+at::Tensor& device_step(detail::FusedState::Impl& f, const CachedParam& c,
+                        const torch::optim::OptimizerParamState* st, int64_t host_step) {
+  auto& entry = f.device_steps[c.param.unsafeGetTensorImpl()];
+  if (!entry.step.defined() || entry.state != st) {
+    entry.state = st;
+    entry.step = at::full({}, static_cast<double>(host_step), c.param.options().dtype(at::kFloat));
+  }
+  return entry.step;
+}
+
+// Whether this SGD step makes a momentum buffer (a parameter with momentum
+// and a gradient whose state has none).
+bool new_momentum_buffers(const torch::optim::Optimizer& opt, const StepCache::Plan& plan) {
+  for (const ReadyParam& r : plan.ready) {
+    const auto& options = static_cast<const torch::optim::SGDOptions&>(
+        opt.param_groups()[plan.params[r.index].group].options());
+    if (options.momentum() != 0 &&
+        (r.state == nullptr ||
+         !static_cast<const torch::optim::SGDParamState*>(r.state)->momentum_buffer().defined())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether any parameter with a gradient takes torchamp's CPU kernels.
+bool any_cpu_job(const StepCache::Plan& plan, bool aten_on_cpu) {
+  for (const ReadyParam& r : plan.ready) {
+    if (!takes_aten(plan.params[r.index].param, aten_on_cpu)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 // A new state tensor of a parameter: zeros of its state's dtype.
@@ -59,15 +135,36 @@ at::Tensor state_zeros(const CachedParam& c) {
 // for SGD whether the momentum buffers are new).
 using BatchKey = std::tuple<size_t, c10::DeviceIndex, at::ScalarType, bool>;
 
-struct AdamBatch {
-  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
-  std::vector<float> steps;
+// A parameter's tensors in an ATen call: its own, or with a master weight the
+// float32 master and gradient (written back after the call).
+struct AtenParams {
+  std::vector<at::Tensor> params, grads;
+  std::vector<AtenMaster> masters;
+  void add(const CachedParam& c, const MasterWeights& masters_in, const at::Tensor& grad) {
+    if (!c.master) {
+      params.push_back(c.param);
+      grads.push_back(grad);
+      return;
+    }
+    masters.push_back(aten_master(c.param, master_storage(masters_in, c.param), grad));
+    params.push_back(masters.back().master);
+    grads.push_back(masters.back().grad32);
+  }
+  void write_back(const StepFlags& flags) const {
+    for (const AtenMaster& m : masters) {
+      optim::write_back(m, flags.scale || flags.scale_on_device.defined());
+    }
+  }
+};
+
+struct AdamBatch : AtenParams {
+  std::vector<at::Tensor> exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
   double lr, beta1, beta2, weight_decay, eps;
   bool amsgrad;
 };
 
-struct SgdBatch {
-  std::vector<at::Tensor> params, grads, buffers;
+struct SgdBatch : AtenParams {
+  std::vector<at::Tensor> buffers;
   double lr, momentum, dampening, weight_decay;
   bool nesterov, first;
 };
@@ -78,10 +175,18 @@ uint64_t noise_key(const StochasticRounding& rounding, const CachedParam& c, siz
 }
 
 template <class Options, class State>
-void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const MasterWeights& masters,
-                StochasticRounding& rounding, const AmpStepArgs& args, bool decoupled) {
-  StepCache::Plan& plan = ready_plan<State>(opt, cache, masters, rounding.on, adam_tensors<State>);
-  if (args.found_inf) {  // as ATen's kernels with found_inf set: nothing changes
+void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const AmpStepArgs& args,
+                bool decoupled) {
+  const MasterWeights& masters = f.masters;
+  StochasticRounding& rounding = f.rounding;
+  StepCache::Plan& plan =
+      ready_plan<State>(opt, f.cache, masters, rounding.on, f.aten_on_cpu, adam_tensors<State>);
+  StepFlags flags = read_flags(args, f.aten_on_cpu);
+  if (flags.found_on_device.defined() && any_cpu_job(plan, f.aten_on_cpu)) {
+    read_for_cpu_jobs(flags);
+    flags.found_on_device = at::Tensor();
+  }
+  if (flags.skip) {  // as ATen's kernels with found_inf set: nothing changes
     return;
   }
   at::NoGradGuard no_grad;
@@ -118,13 +223,24 @@ void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const Mast
       st.max_exp_avg_sq(state_zeros(c));
       remember_state(c, st, adam_tensors<State>);
     }
-    st.step(st.step() + 1);
+    const bool aten = takes_aten(p, f.aten_on_cpu);
+    if (aten) {  // its count on the device, taken before this step's
+      at::Tensor& step = device_step(f, c, &st, st.step());
+      if (flags.found_on_device.defined()) {
+        f.host_steps_stale = true;  // only the device knows whether this step counts
+      } else {
+        st.step(st.step() + 1);
+      }
+      batches[{c.group, p.device().index(), c.state_dtype, false}].steps.push_back(step);
+    } else {
+      st.step(st.step() + 1);
+    }
     if (c.master && r.master_data == nullptr) {
       r.master_data = make_master(masters, c);
     }
     const at::Tensor& grad = *r.grad;
-    if (!p.device().is_cpu()) {
-      AdamBatch& b = batches[{c.group, p.device().index(), p.scalar_type(), false}];
+    if (aten) {
+      AdamBatch& b = batches[{c.group, p.device().index(), c.state_dtype, false}];
       if (b.params.empty()) {
         b.lr = options.lr();
         b.beta1 = beta1;
@@ -133,14 +249,12 @@ void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const Mast
         b.eps = options.eps();
         b.amsgrad = options.amsgrad();
       }
-      b.params.push_back(p);
-      b.grads.push_back(grad);
+      b.add(c, masters, grad);
       b.exp_avgs.push_back(st.exp_avg());
       b.exp_avg_sqs.push_back(st.exp_avg_sq());
       if (options.amsgrad()) {
         b.max_exp_avg_sqs.push_back(st.max_exp_avg_sq());
       }
-      b.steps.push_back(static_cast<float>(st.step()));
       continue;
     }
     if (st.step() != memo_step || beta1 != memo_beta1 || beta2 != memo_beta2) {
@@ -172,28 +286,40 @@ void adam_fused(torch::optim::Optimizer& opt, const StepCache& cache, const Mast
     job.noise_key = noise_key(rounding, c, r.index);
     jobs.push_back(job);
   }
-  kernels::adam_step_cpu(jobs, grad_scale_ptr(args));
+  kernels::adam_step_cpu(jobs, flags.scale_ptr());
   rounding.updates += rounding.on && !jobs.empty() ? 1 : 0;
   for (auto& [key, b] : batches) {
     const c10::Device device = b.params.front().device();
-    // ATen reads each step count from a float32 tensor on the device: one
-    // copy for the batch, one view per parameter.
-    at::Tensor host = at::empty({static_cast<int64_t>(b.steps.size())}, at::kFloat);
-    std::copy(b.steps.begin(), b.steps.end(), host.data_ptr<float>());
-    const std::vector<at::Tensor> steps = element_views(host.to(device));
-    compat::fused_adam(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, steps, b.lr,
-                       b.beta1, b.beta2, b.weight_decay, b.eps, b.amsgrad, decoupled,
-                       grad_scale_on(device, args));
+    // As Python's fused Adam: the counts grow before the update (ATen reads
+    // them with this step's) and shrink back by the flag after it.
+    at::_foreach_add_(b.steps, 1);
+    const c10::optional<at::Tensor> found = found_inf_on(device, flags);
+    compat::fused_adam(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
+                       b.lr, b.beta1, b.beta2, b.weight_decay, b.eps, b.amsgrad, decoupled,
+                       grad_scale_on(device, flags), found);
+    if (found) {
+      at::_foreach_sub_(b.steps, std::vector<at::Tensor>(b.steps.size(), *found));
+    }
+    b.write_back(flags);
   }
 }
 
 // SGD's fused update (torchamp's kernels on the CPU, ATen's fused op on
 // CUDA), beside adam_fused.
-void sgd_fused(torch::optim::Optimizer& opt, const StepCache& cache, const MasterWeights& masters,
-               StochasticRounding& rounding, const AmpStepArgs& args) {
-  StepCache::Plan& plan =
-      ready_plan<torch::optim::SGDParamState>(opt, cache, masters, rounding.on, sgd_tensors);
-  if (args.found_inf) {  // as ATen's kernels with found_inf set: nothing changes
+void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const AmpStepArgs& args) {
+  const MasterWeights& masters = f.masters;
+  StochasticRounding& rounding = f.rounding;
+  StepCache::Plan& plan = ready_plan<torch::optim::SGDParamState>(
+      opt, f.cache, masters, rounding.on, f.aten_on_cpu, sgd_tensors);
+  StepFlags flags = read_flags(args, f.aten_on_cpu);
+  if (flags.found_on_device.defined() &&
+      (any_cpu_job(plan, f.aten_on_cpu) || new_momentum_buffers(opt, plan))) {
+    // A new momentum buffer takes the first direction only if the step is
+    // not skipped: the flag is read back, once in a parameter's life.
+    read_for_cpu_jobs(flags);
+    flags.found_on_device = at::Tensor();
+  }
+  if (flags.skip) {  // as ATen's kernels with found_inf set: nothing changes
     return;
   }
   at::NoGradGuard no_grad;
@@ -228,8 +354,8 @@ void sgd_fused(torch::optim::Optimizer& opt, const StepCache& cache, const Maste
       r.master_data = make_master(masters, c);
     }
     const at::Tensor& grad = *r.grad;
-    if (!p.device().is_cpu()) {
-      SgdBatch& b = batches[{c.group, p.device().index(), p.scalar_type(), first}];
+    if (takes_aten(p, f.aten_on_cpu)) {
+      SgdBatch& b = batches[{c.group, p.device().index(), c.state_dtype, first}];
       if (b.params.empty()) {
         b.lr = options.lr();
         b.momentum = options.momentum();
@@ -238,8 +364,7 @@ void sgd_fused(torch::optim::Optimizer& opt, const StepCache& cache, const Maste
         b.nesterov = options.nesterov();
         b.first = first;
       }
-      b.params.push_back(p);
-      b.grads.push_back(grad);
+      b.add(c, masters, grad);
       if (buffer.defined()) {
         b.buffers.push_back(buffer);
       }
@@ -263,31 +388,55 @@ void sgd_fused(torch::optim::Optimizer& opt, const StepCache& cache, const Maste
     job.noise_key = noise_key(rounding, c, r.index);
     jobs.push_back(job);
   }
-  kernels::sgd_step_cpu(jobs, grad_scale_ptr(args));
+  kernels::sgd_step_cpu(jobs, flags.scale_ptr());
   rounding.updates += rounding.on && !jobs.empty() ? 1 : 0;
   for (auto& [key, b] : batches) {
+    const c10::Device device = b.params.front().device();
     compat::fused_sgd(b.params, b.grads, b.buffers, b.weight_decay, b.momentum, b.lr, b.dampening,
-                      b.nesterov, b.first, grad_scale_on(b.params.front().device(), args));
+                      b.nesterov, b.first, grad_scale_on(device, flags),
+                      found_inf_on(device, flags));
+    b.write_back(flags);
   }
 }
 
 }  // namespace
 
-void sgd_update(torch::optim::SGD& opt, const StepCache& cache, const MasterWeights& masters,
-                StochasticRounding& rounding, const AmpStepArgs& args) {
-  sgd_fused(opt, cache, masters, rounding, args);
+void sync_host_steps(torch::optim::Optimizer& opt, detail::FusedState::Impl& f) {
+  if (!f.host_steps_stale) {
+    return;
+  }
+  auto& state = opt.state();
+  for (const auto& group : opt.param_groups()) {
+    for (const auto& p : group.params()) {
+      const auto entry = f.device_steps.find(p.unsafeGetTensorImpl());
+      if (entry == f.device_steps.end()) {
+        continue;
+      }
+      const auto it = state.find(compat::optim_state_key(state, p));
+      if (it == state.end() || it->second.get() != entry->second.state) {
+        continue;
+      }
+      const auto count = static_cast<int64_t>(entry->second.step.item<float>());
+      if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+        adam->step(count);
+      } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+        adamw->step(count);
+      }
+    }
+  }
+  f.host_steps_stale = false;
 }
 
-void adam_update(torch::optim::Adam& opt, const StepCache& cache, const MasterWeights& masters,
-                 StochasticRounding& rounding, const AmpStepArgs& args) {
-  adam_fused<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, cache, masters, rounding,
-                                                                      args, false);
+void sgd_update(torch::optim::SGD& opt, detail::FusedState::Impl& f, const AmpStepArgs& args) {
+  sgd_fused(opt, f, args);
 }
 
-void adamw_update(torch::optim::AdamW& opt, const StepCache& cache, const MasterWeights& masters,
-                  StochasticRounding& rounding, const AmpStepArgs& args) {
-  adam_fused<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, cache, masters,
-                                                                        rounding, args, true);
+void adam_update(torch::optim::Adam& opt, detail::FusedState::Impl& f, const AmpStepArgs& args) {
+  adam_fused<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, f, args, false);
+}
+
+void adamw_update(torch::optim::AdamW& opt, detail::FusedState::Impl& f, const AmpStepArgs& args) {
+  adam_fused<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, f, args, true);
 }
 
 }  // namespace optim

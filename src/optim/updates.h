@@ -10,6 +10,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <unordered_map>
+
 namespace torchamp {
 namespace optim {
 
@@ -18,18 +20,42 @@ inline StateTensors adam_tensors(const State& s) {
   return {&s.exp_avg(), &s.exp_avg_sq(), &s.max_exp_avg_sq()};
 }
 
+// A fused optimizer's private state (torchamp/optim.h's FusedState).
+struct detail::FusedState::Impl {
+  explicit Impl(const FusedOptions& options)
+      : masters(options.master_weights()),
+        rounding{options.stochastic_rounding(), options.seed(), 0},
+        aten_on_cpu(options.aten_kernels()) {}
+  StepCache cache;
+  MasterWeights masters;
+  StochasticRounding rounding;
+  bool aten_on_cpu;             // FusedOptions().aten_kernels
+  bool dtypes_checked = false;  // for the slow-CPU warning, at the first step
+  // The step counts of Adam's parameters on ATen's path: float32 0-dim
+  // tensors on the parameter's device, as ATen's ops and Python's fused
+  // optimizers keep them (made from the state's count; with a device
+  // scaler's flag only they know whether a step was skipped).
+  struct DeviceStep {
+    const torch::optim::OptimizerParamState* state;  // made for this state
+    at::Tensor step;
+  };
+  std::unordered_map<const c10::TensorImpl*, DeviceStep> device_steps;
+  bool host_steps_stale = false;  // a device flag left the states' counts behind
+};
+
+// Brings the states' step counts up to the device counts (one read back
+// each) where a device scaler's steps left them behind.
+void sync_host_steps(torch::optim::Optimizer& opt, detail::FusedState::Impl& f);
+
 inline StateTensors sgd_tensors(const torch::optim::SGDParamState& s) {
   static const at::Tensor none;
   return {&s.momentum_buffer(), &none, &none};
 }
 
-// Each counts an update in `rounding` (when on) unless the step is skipped.
-void sgd_update(torch::optim::SGD& opt, const StepCache& cache, const MasterWeights& masters,
-                StochasticRounding& rounding, const AmpStepArgs& args);
-void adam_update(torch::optim::Adam& opt, const StepCache& cache, const MasterWeights& masters,
-                 StochasticRounding& rounding, const AmpStepArgs& args);
-void adamw_update(torch::optim::AdamW& opt, const StepCache& cache, const MasterWeights& masters,
-                  StochasticRounding& rounding, const AmpStepArgs& args);
+// Each counts an update in `f.rounding` (when on) unless the step is skipped.
+void sgd_update(torch::optim::SGD& opt, detail::FusedState::Impl& f, const AmpStepArgs& args);
+void adam_update(torch::optim::Adam& opt, detail::FusedState::Impl& f, const AmpStepArgs& args);
+void adamw_update(torch::optim::AdamW& opt, detail::FusedState::Impl& f, const AmpStepArgs& args);
 
 }  // namespace optim
 }  // namespace torchamp

@@ -9,7 +9,15 @@
 #include "scaler/unscale.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/minimum.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
@@ -20,6 +28,30 @@
 
 namespace torchamp {
 
+StepResult StepResult::pending(at::Tensor value, at::Tensor found_inf) {
+  StepResult result(std::move(value));
+  result.found_inf_ = std::move(found_inf);
+  return result;
+}
+
+bool StepResult::has_value() const {
+  if (!skipped_) {
+    skipped_ = !value_.has_value() || (found_inf_.defined() && found_inf_.item<float>() != 0.0f);
+  }
+  return !*skipped_;
+}
+
+const at::Tensor& StepResult::value() const {
+  if (!has_value()) {
+    throw std::bad_optional_access();
+  }
+  return *value_;
+}
+
+StepResult::operator std::optional<at::Tensor>() const {
+  return has_value() ? value_ : std::nullopt;
+}
+
 GradScaler::GradScaler(GradScalerOptions options)
     : schedule_(options.init_scale(), options.growth_factor(), options.backoff_factor(),
                 options.growth_interval(), options.backoff_interval(), options.dynamic(),
@@ -27,11 +59,13 @@ GradScaler::GradScaler(GradScalerOptions options)
       init_scale_(options.init_scale()),
       enabled_(options.enabled()),
       max_consecutive_skips_(options.max_consecutive_skips()),
-      unscale_float16_(options.unscale_float16()) {
+      unscale_float16_(options.unscale_float16()),
+      device_state_(options.device_state()) {
   ScaleSchedule::check_tracker(options.max_consecutive_skips(), "max_consecutive_skips");
 }
 
 GradScalerOptions GradScaler::options() const {
+  host_();
   return GradScalerOptions()
       .init_scale(init_scale_)
       .growth_factor(schedule_.growth_factor())
@@ -42,13 +76,60 @@ GradScalerOptions GradScaler::options() const {
       .enabled(enabled_)
       .min_scale(schedule_.min_scale())
       .max_consecutive_skips(max_consecutive_skips_)
-      .unscale_float16(unscale_float16_);
+      .unscale_float16(unscale_float16_)
+      .device_state(device_state_);
+}
+
+// A scaler whose state lives on a device: made at the first tensor that is
+// not on the CPU (or the first with device_state), from the host values.
+bool GradScaler::on_device_(c10::Device device) {
+  if (device_) {
+    return true;
+  }
+  if (device.is_cpu() && !device_state_) {
+    return false;
+  }
+  const at::TensorOptions on = at::TensorOptions().device(device);
+  OnDevice d;
+  d.scale = at::full({}, schedule_.scale(), on.dtype(at::kFloat));
+  d.growth = at::full({}, schedule_.growth_tracker(), on.dtype(at::kInt));
+  d.backoff = at::full({}, schedule_.backoff_tracker(), on.dtype(at::kInt));
+  d.skips = at::full({}, consecutive_skips_, on.dtype(at::kLong));
+  d.tracker_below_interval =
+      schedule_.growth_tracker() < schedule_.growth_interval() && schedule_.backoff_tracker() == 0;
+  device_ = std::move(d);
+  return true;
+}
+
+const ScaleSchedule& GradScaler::host_() const {
+  if (device_ && device_->host_stale) {
+    schedule_.restore({device_->scale.item<float>(), device_->growth.item<int64_t>(),
+                       device_->backoff.item<int64_t>()});
+    consecutive_skips_ = device_->skips.item<int64_t>();
+    device_->host_stale = false;
+  }
+  return schedule_;
+}
+
+void GradScaler::write_device_() {
+  if (!device_) {
+    return;
+  }
+  device_->scale.fill_(schedule_.scale());
+  device_->growth.fill_(schedule_.growth_tracker());
+  device_->backoff.fill_(schedule_.backoff_tracker());
+  device_->skips.fill_(consecutive_skips_);
+  device_->tracker_below_interval =
+      schedule_.growth_tracker() < schedule_.growth_interval() && schedule_.backoff_tracker() == 0;
 }
 
 at::Tensor GradScaler::scale(const at::Tensor& output) {
   TORCH_CHECK_VALUE(output.defined(), "GradScaler::scale: the output tensor is undefined");
   if (!is_enabled()) {
     return output;
+  }
+  if (on_device_(output.device())) {  // Python's outputs * self._scale.to(outputs.device)
+    return output.mul(device_->scale.to(output.device()));
   }
   // Python multiplies by its 0-dim float32 scale tensor. A 0-dim CPU tensor
   // does the same on any device (ATen reads it as a scalar, in float32 for
@@ -93,6 +174,10 @@ void GradScaler::record_(const torch::optim::Optimizer& optimizer, OptimizerStat
 bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerState& state,
                                 bool unscale, double* sum_squares) {
   TORCH_INTERNAL_ASSERT(sum_squares == nullptr || !unscale);
+  if (device_ || device_state_) {
+    TORCH_INTERNAL_ASSERT(sum_squares == nullptr, "clip_grad_norm_ chose the host path");
+    return unscale_on_device_(optimizer, state, unscale);
+  }
   const std::optional<float> inv_scale =
       unscale ? std::optional<float>(inverse(schedule_.scale())) : std::nullopt;
   // float16 gradients: checked for an optimizer that takes the scale (Python's
@@ -141,6 +226,12 @@ bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerSta
 
   const std::vector<detail::GradRef> grads =
       detail::checked_grads(optimizer, allow_fp16);  // throws before any change
+  for (const detail::GradRef& ref : grads) {
+    if (!ref.param.grad().device().is_cpu()) {
+      TORCH_INTERNAL_ASSERT(sum_squares == nullptr, "clip_grad_norm_ chose the host path");
+      return unscale_on_device_(optimizer, state, unscale);  // the scaler's state moves there
+    }
+  }
   at::NoGradGuard no_grad;
   detail::Buckets buckets = detail::bucket_grads(grads);
   if (found_inf_reducer_) {
@@ -165,8 +256,90 @@ bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerSta
   return true;
 }
 
+bool GradScaler::unscale_on_device_(torch::optim::Optimizer& optimizer, OptimizerState& state,
+                                    bool unscale, at::Tensor* norm) {
+  const bool allow_fp16 = !unscale || unscale_float16_;
+  const std::vector<detail::GradRef> grads =
+      detail::checked_grads(optimizer, allow_fp16);  // throws before any change
+  at::NoGradGuard no_grad;
+  if (grads.empty()) {
+    if (found_inf_reducer_) {  // as the host path: this rank still takes part
+      found_inf_reducer_(false, device_ ? device_->scale.device() : c10::Device(c10::kCPU));
+    }
+    return false;
+  }
+  on_device_(grads.front().param.grad().device());
+  const c10::Device home = device_->scale.device();
+  // Python: inv_scale = scale.double().reciprocal().float()
+  const at::Tensor inv =
+      unscale ? device_->scale.to(at::kDouble).reciprocal().to(at::kFloat) : at::Tensor();
+  std::vector<at::Tensor> found;
+  if (found_inf_reducer_) {
+    // Ranks agree first (a check pass, the flags read back, one collective),
+    // so a failed collective leaves every gradient as it was.
+    found = detail::unscale_on_devices(grads, at::Tensor());
+    bool any = false;
+    for (const at::Tensor& flag : found) {
+      any = any || flag.item<float>() != 0.0f;
+    }
+    const bool agreed = found_inf_reducer_(any, home);
+    if (unscale) {
+      found = detail::unscale_on_devices(grads, inv);
+    }
+    for (at::Tensor& flag : found) {
+      flag.fill_(agreed ? 1.0f : 0.0f);
+    }
+  } else {
+    found = detail::unscale_on_devices(grads, inv);
+  }
+  if (norm != nullptr) {  // the real gradients' norm: the scaled ones' over the scale
+    *norm = detail::sum_squares_on(grads, home)
+                .sqrt()
+                .div(device_->scale.to(at::kDouble))
+                .to(at::kFloat);
+  }
+  state.checked = true;
+  state.found_on = std::move(found);
+  std::vector<CheckedParam> checked;
+  checked.reserve(grads.size());
+  for (const detail::GradRef& ref : grads) {
+    checked.push_back({ref.group, ref.index, ref.param});
+  }
+  last_checked_[&optimizer] = std::move(checked);
+  last_non_finite_.erase(&optimizer);
+  return true;
+}
+
+at::Tensor GradScaler::found_total_(const OptimizerState& state) const {
+  const c10::Device home = device_->scale.device();
+  if (state.found_on.empty()) {  // checked on the host before the state moved
+    return at::full({}, state.found_inf ? 1.0f : 0.0f,
+                    at::TensorOptions().dtype(at::kFloat).device(home));
+  }
+  at::Tensor total = state.found_on.front().to(home);
+  for (size_t i = 1; i < state.found_on.size(); ++i) {
+    total = total.add(state.found_on[i].to(home));
+  }
+  return total;
+}
+
 std::vector<NonFiniteGradient> GradScaler::non_finite_gradients(
     const torch::optim::Optimizer& optimizer) const {
+  auto checked = last_checked_.find(&optimizer);
+  if (checked != last_checked_.end()) {  // a device scaler: found now, one read per gradient
+    std::vector<NonFiniteGradient> report;
+    for (const CheckedParam& c : checked->second) {
+      const at::Tensor& grad = c.param.grad();
+      if (!grad.defined()) {
+        continue;
+      }
+      const at::Tensor values = grad.is_sparse() ? grad.coalesce()._values() : grad;
+      if (!at::isfinite(values).all().item<bool>()) {
+        report.push_back(named_(c.group, c.index, c.param));
+      }
+    }
+    return report;
+  }
   auto it = last_non_finite_.find(&optimizer);
   return it == last_non_finite_.end() ? std::vector<NonFiniteGradient>() : it->second;
 }
@@ -215,7 +388,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   per_optimizer_[&optimizer] = std::move(state);
 }
 
-std::optional<at::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer) {
+StepResult GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (!is_enabled()) {
     return optimizer.step();
   }
@@ -237,6 +410,15 @@ std::optional<at::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer) {
   TORCH_CHECK(state.stage != Stage::kStepped,
               "step() has already been called since the last update().");
   TORCH_CHECK(state.checked, "No inf checks were recorded for this optimizer.");
+  // On a device scaler the flag is a tensor there: read back only where a
+  // caller needs it on the host (the skip limit, an optimizer that takes
+  // host values, one that does not take the scale: Python's _maybe_opt_step).
+  const bool on_device = !state.found_on.empty();
+  const at::Tensor found = on_device ? found_total_(state) : at::Tensor();
+  if (on_device && max_consecutive_skips_ > 0) {
+    state.found_inf = found.item<float>() != 0.0f;
+    host_();
+  }
   const int64_t max_skips = max_consecutive_skips_;
   TORCH_CHECK(!state.found_inf || max_skips == 0 || consecutive_skips_ + 1 < max_skips,
               "GradScaler: ", consecutive_skips_ + 1,
@@ -247,7 +429,34 @@ std::optional<at::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer) {
               "). Non-finite gradients in this step: ", describe_non_finite(optimizer),
               ". Look for a NaN in the data or the loss, a learning rate that diverged, or a "
               "float16 overflow in the forward pass.");
-  std::optional<at::Tensor> result;
+  StepResult result;
+  if (on_device) {
+    if (amp != nullptr) {
+      AmpStepArgs args;
+      at::Tensor grad_scale;
+      if (state.deferred) {  // a clip coefficient divides the scale, as below
+        grad_scale =
+            state.clip_coef_on.defined() ? device_->scale.div(state.clip_coef_on) : device_->scale;
+      }
+      if (amp->takes_device_args()) {
+        args.found_inf_tensor = found;
+        args.grad_scale_tensor = grad_scale;
+      } else {  // an optimizer written for host values: one read back
+        args.found_inf = found.item<float>() != 0.0f;
+        if (grad_scale.defined()) {
+          args.grad_scale = grad_scale.item<float>();
+        }
+      }
+      amp->amp_step(args);
+      result = StepResult::pending(at::Tensor(), found);
+    } else if (found.item<float>() == 0.0f) {
+      result = optimizer.step();
+    }
+    device_->skips.add_(found.ne(0));
+    device_->host_stale = true;
+    state.stage = Stage::kStepped;
+    return result;
+  }
   if (amp != nullptr) {  // Python hands a fused optimizer the flag too: it changes nothing then
     AmpStepArgs args;
     // A clip coefficient (clip_grad_norm_) divides the scale: g / (s / c) = (g / s) * c.
@@ -310,6 +519,25 @@ double GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double ma
   }
   OptimizerState state;
   state.deferred = true;
+  bool device = device_ || device_state_;
+  for (size_t g = 0; g < optimizer.param_groups().size() && !device; ++g) {
+    for (const at::Tensor& p : optimizer.param_groups()[g].params()) {
+      device = device || (p.grad().defined() && !p.grad().device().is_cpu());
+    }
+  }
+  if (device) {
+    at::Tensor norm;
+    TORCH_CHECK(unscale_on_device_(optimizer, state, /*unscale=*/false, &norm),
+                "No inf checks were recorded for this optimizer.");
+    // As clip_coefficient below, in float32 tensors; 1 on overflow.
+    const at::Tensor coef =
+        at::full_like(norm, static_cast<float>(max_norm)).div(norm.add(1e-6f)).clamp_max(1.0f);
+    const at::Tensor keep = found_total_(state).ne(0).logical_or(at::isfinite(norm).logical_not());
+    state.clip_coef_on = at::where(keep, at::ones_like(coef), coef);
+    state.stage = Stage::kUnscaled;
+    per_optimizer_[&optimizer] = std::move(state);
+    return norm.item<float>();  // the return value: one read back
+  }
   double sum_squares = 0;
   TORCH_CHECK(unscale_grads_(optimizer, state, /*unscale=*/false, &sum_squares),
               "No inf checks were recorded for this optimizer.");
@@ -323,8 +551,7 @@ double GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double ma
   return norm;
 }
 
-std::optional<at::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer,
-                                           LossClosure closure) {
+StepResult GradScaler::step(torch::optim::Optimizer& optimizer, LossClosure closure) {
   if (!is_enabled()) {
     return optimizer.step(std::move(closure));
   }
@@ -339,27 +566,80 @@ void GradScaler::update(std::optional<double> new_scale) {
     return;
   }
   if (new_scale) {
+    host_();
     schedule_.set_scale(*new_scale);  // validates first
+    write_device_();
   } else {
     bool checked = false;
     for (const auto& kv : per_optimizer_) {
       checked = checked || kv.second.checked;
     }
     TORCH_CHECK(checked, "No inf checks were recorded prior to update.");
-    bool found = false;
-    for (const auto& kv : per_optimizer_) {
-      found = found || (kv.second.checked && kv.second.found_inf);
-    }
-    schedule_.update(found);
-    if (!found) {
-      consecutive_skips_ = 0;
+    if (device_) {
+      update_on_device_();
+    } else {
+      bool found = false;
+      for (const auto& kv : per_optimizer_) {
+        found = found || (kv.second.checked && kv.second.found_inf);
+      }
+      schedule_.update(found);
+      if (!found) {
+        consecutive_skips_ = 0;
+      }
     }
   }
   per_optimizer_.clear();
 }
 
+// ScaleSchedule::update on the device, with no host read: ATen's
+// _amp_update_scale_ where PyTorch's rule is the schedule's (backoff after
+// one overflow, no floor, the tracker below its interval), else the same
+// arithmetic as ScaleSchedule::advance in tensor ops (Paddle's rule,
+// min_scale).
+void GradScaler::update_on_device_() {
+  OnDevice& d = *device_;
+  // Python: every optimizer's flags on the scale's device, summed.
+  at::Tensor found;
+  for (const auto& kv : per_optimizer_) {
+    if (kv.second.checked) {
+      const at::Tensor f = found_total_(kv.second);
+      found = found.defined() ? found.add(f) : f;
+    }
+  }
+  const ScaleSchedule& s = schedule_;  // its factors and intervals: host values
+  if (s.dynamic() && s.backoff_interval() == 1 && s.min_scale() == 0 && d.tracker_below_interval) {
+    at::_amp_update_scale_(d.scale, d.growth, found, s.growth_factor(), s.backoff_factor(),
+                           s.growth_interval());
+  } else if (s.dynamic()) {
+    const at::Tensor overflow = found.ne(0);
+    const at::Tensor clean = overflow.logical_not();
+    // An overflowing update: the clean count resets, the overflow count
+    // grows, and at its interval the scale backs off (not below the floor,
+    // a scale already below it stays).
+    const at::Tensor b1 = at::where(overflow, d.backoff.add(1), at::zeros_like(d.backoff));
+    const at::Tensor back = overflow.logical_and(b1.ge(s.backoff_interval()));
+    const at::Tensor backed = d.scale.to(at::kDouble).mul(s.backoff_factor()).to(at::kFloat);
+    const at::Tensor floored =
+        at::where(backed.to(at::kDouble).ge(s.min_scale()), backed,
+                  at::minimum(d.scale, at::full_like(d.scale, static_cast<float>(s.min_scale()))));
+    // A clean one: the reverse, and at its interval the scale grows unless
+    // that leaves float32's range.
+    const at::Tensor g1 = at::where(clean, d.growth.add(1), at::zeros_like(d.growth));
+    const at::Tensor grow = clean.logical_and(g1.ge(s.growth_interval()));
+    const at::Tensor grown = d.scale.to(at::kDouble).mul(s.growth_factor()).to(at::kFloat);
+    const at::Tensor next =
+        at::where(back, floored, at::where(grow.logical_and(at::isfinite(grown)), grown, d.scale));
+    d.growth.copy_(at::where(grow, at::zeros_like(g1), g1));
+    d.backoff.copy_(at::where(back, at::zeros_like(b1), b1));
+    d.scale.copy_(next);
+    d.tracker_below_interval = true;
+  }
+  d.skips.mul_(found.ne(0));  // a clean update ends a run of skips
+  d.host_stale = true;
+}
+
 double GradScaler::get_scale() const {
-  return is_enabled() ? static_cast<double>(schedule_.scale()) : 1.0;
+  return is_enabled() ? static_cast<double>(host_().scale()) : 1.0;
 }
 
 void GradScaler::set_growth_factor(double growth_factor) {
@@ -371,7 +651,12 @@ void GradScaler::set_backoff_factor(double backoff_factor) {
 }
 
 void GradScaler::set_growth_interval(int64_t growth_interval) {
+  host_();
   schedule_.set_growth_interval(growth_interval);
+  if (device_) {
+    device_->tracker_below_interval =
+        schedule_.growth_tracker() < growth_interval && schedule_.backoff_tracker() == 0;
+  }
 }
 
 void GradScaler::set_backoff_interval(int64_t backoff_interval) {
@@ -389,8 +674,10 @@ void GradScaler::set_max_consecutive_skips(int64_t max_consecutive_skips) {
 
 void GradScaler::set_init_scale(double init_scale) {
   ScaleSchedule::check_scale(init_scale, "init_scale");
+  host_();
   schedule_.set_scale(init_scale);
   init_scale_ = init_scale;
+  write_device_();
 }
 
 }  // namespace torchamp

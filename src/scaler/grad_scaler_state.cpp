@@ -34,6 +34,7 @@ void GradScaler::load_state_dict(const StateDict& state) {
   init_scale_ = s.scale;  // Python: _init_scale = state_dict["scale"]
   max_consecutive_skips_ = s.max_consecutive_skips;
   consecutive_skips_ = s.consecutive_skips;
+  write_device_();
 }
 
 }  // namespace torchamp

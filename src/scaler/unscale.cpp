@@ -8,9 +8,12 @@
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/isfinite.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
+
+#include <algorithm>
 
 namespace torchamp {
 namespace detail {
@@ -164,6 +167,75 @@ bool any_of(const std::vector<uint8_t>& flags) {
     }
   }
   return false;
+}
+
+std::vector<at::Tensor> unscale_on_devices(const std::vector<GradRef>& grads,
+                                           const at::Tensor& inv_scale) {
+  struct Group {
+    c10::Device device;
+    at::ScalarType dtype;
+    std::vector<at::Tensor> grads;
+  };
+  std::vector<Group> groups;
+  std::vector<at::Tensor> found;
+  auto flag_for = [&found](c10::Device device) -> at::Tensor& {
+    for (at::Tensor& flag : found) {
+      if (flag.device() == device) {
+        return flag;
+      }
+    }
+    found.push_back(at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device)));
+    return found.back();
+  };
+  for (const GradRef& ref : grads) {
+    at::Tensor grad = ref.param.grad();
+    if (grad.is_sparse()) {
+      ref.param.mutable_grad() = grad.coalesce();
+      grad = ref.param.grad()._values();
+    }
+    flag_for(grad.device());
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
+      return g.device == grad.device() && g.dtype == grad.scalar_type();
+    });
+    if (it == groups.end()) {
+      groups.push_back({grad.device(), grad.scalar_type(), {}});
+      it = groups.end() - 1;
+    }
+    it->grads.push_back(grad);
+  }
+  for (Group& g : groups) {
+    at::Tensor& flag = flag_for(g.device);
+    const at::Tensor inv =
+        inv_scale.defined() ? inv_scale.to(g.device)
+                            : at::ones({}, at::TensorOptions().dtype(at::kFloat).device(g.device));
+    // ATen's CUDA kernel takes float32/float64/float16 only.
+    if (g.device.is_cpu() || (g.device.is_cuda() && g.dtype != at::kBFloat16)) {
+      at::_amp_foreach_non_finite_check_and_unscale_(g.grads, flag, inv);
+      continue;
+    }
+    for (at::Tensor& grad : g.grads) {
+      flag.logical_or_(at::isfinite(grad).logical_not().any());
+      if (!inv_scale.defined()) {
+        continue;
+      }
+      if (grad.scalar_type() == at::kBFloat16) {
+        grad.copy_(grad.to(at::kFloat).mul_(inv));
+      } else {
+        grad.mul_(inv);
+      }
+    }
+  }
+  return found;
+}
+
+at::Tensor sum_squares_on(const std::vector<GradRef>& grads, c10::Device device) {
+  at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+  for (const GradRef& ref : grads) {
+    const at::Tensor& grad = ref.param.grad();
+    const at::Tensor values = grad.is_sparse() ? grad.coalesce()._values() : grad;
+    total.add_(values.to(at::kDouble).square().sum().to(device));
+  }
+  return total;
 }
 
 }  // namespace detail

@@ -69,5 +69,18 @@ std::vector<uint8_t> unscale_buckets(Buckets& b, size_t n, std::optional<float> 
 
 bool any_of(const std::vector<uint8_t>& flags);
 
+/// A device scaler's unscale (GradScaler with its state on a device): per
+/// device and dtype ATen's `_amp_foreach_non_finite_check_and_unscale_` (on
+/// the CPU, and on CUDA but for bfloat16), else ATen ops per tensor; sparse
+/// gradients coalesced first. `inv_scale` (float32, 0-dim) undefined: a
+/// check only. Returns one float32 0-dim flag per device of the gradients (0:
+/// all finite), and reads nothing back to the host.
+std::vector<at::Tensor> unscale_on_devices(const std::vector<GradRef>& grads,
+                                           const at::Tensor& inv_scale);
+
+/// `sum_squares` as a 0-dim float64 tensor on `device`, added in the same
+/// order, with no host read.
+at::Tensor sum_squares_on(const std::vector<GradRef>& grads, c10::Device device);
+
 }  // namespace detail
 }  // namespace torchamp

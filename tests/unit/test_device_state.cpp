@@ -1,0 +1,351 @@
+// A GradScaler whose state lives on a device (GradScalerOptions().device_state
+// on the CPU: the code a CUDA scaler runs): the same schedule, skips and
+// parameters as the host scaler step for step, no host read inside an
+// iteration (counted with a RecordFunction observer), and reads only where
+// the program asks (getters, state_dict, StepResult, a checkpoint's step
+// counts).
+
+#include "test_util.h"
+
+#include <torchamp/grad_scaler.h>
+#include <torchamp/optim.h>
+
+#include "compat/compat.h"  // kAtenFusedOptimizers, optim_state_key
+
+#include <ATen/record_function.h>
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using torchamp::GradScaler;
+using torchamp::GradScalerOptions;
+using torchamp::optim::FusedOptions;
+
+// Counts the reads of a tensor back to the host (ATen's _local_scalar_dense,
+// which item() and is_nonzero() call) while it lives. Not those inside ATen's
+// fused optimizer ops: their CPU kernels read each step count of a CPU tensor
+// with item() (free there), where their CUDA kernels read it on the device.
+class HostReads {
+ public:
+  HostReads() {
+    count_ = 0;
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(
+            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+              const std::string name = fn.name();
+              if (fused(name)) {
+                ++inside_;
+              } else if (name == "aten::_local_scalar_dense" && inside_ == 0) {
+                ++count_;
+              }
+              return nullptr;
+            },
+            [](const at::RecordFunction& fn, at::ObserverContext* /*context*/) {
+              if (fused(fn.name())) {
+                --inside_;
+              }
+            })
+            .scopes({at::RecordScope::FUNCTION}));
+  }
+  ~HostReads() { at::removeCallback(handle_); }
+  HostReads(const HostReads&) = delete;
+  HostReads& operator=(const HostReads&) = delete;
+  int count() const { return count_.load(); }
+
+ private:
+  static bool fused(const std::string& name) {
+    return name == "aten::_fused_adam_" || name == "aten::_fused_adamw_" ||
+           name == "aten::_fused_sgd_";
+  }
+  static std::atomic<int> count_;
+  static thread_local int inside_;
+  at::CallbackHandle handle_;
+};
+std::atomic<int> HostReads::count_{0};
+thread_local int HostReads::inside_ = 0;
+
+std::vector<at::Tensor> make_params() {
+  torch::manual_seed(3);
+  std::vector<at::Tensor> ps;
+  for (int64_t n : {1, 17, 300}) {
+    ps.push_back(torch::randn({n}));
+  }
+  ps.push_back(torch::randn({12, 10}));
+  return ps;
+}
+
+template <class Opt>
+auto key_of(const Opt& opt, const at::Tensor& p) {
+  return torchamp::compat::optim_state_key(opt.state(), p);
+}
+
+at::Tensor bits(const at::Tensor& t) {
+  return t.contiguous().view(at::kInt);
+}
+
+// One scaler and optimizer over its own copy of the parameters.
+template <class Opt>
+struct Training {
+  std::vector<at::Tensor> params;
+  Opt opt;
+  GradScaler scaler;
+  template <class Options>
+  Training(const Options& options, FusedOptions fused, GradScalerOptions scaler_options)
+      : params(make_params()), opt(params, options, fused), scaler(scaler_options) {}
+};
+
+// The host scaler against the device scaler, both over ATen's path (which
+// keeps the device scaler's flag on the device: no read), for
+// `steps` iterations with overflows, clipping every third and unscale_
+// every fifth: the same skips, scale, trackers, parameters and step counts.
+template <class Opt, class Options>
+void device_equals_host(const Options& options, GradScalerOptions scaler_options,
+                        const char* what) {
+  SCOPED_TRACE(what);
+  Training<Opt> host(options, FusedOptions().aten_kernels(true), scaler_options);
+  Training<Opt> dev(options, FusedOptions().aten_kernels(true), scaler_options.device_state(true));
+  int skipped = 0;
+  for (int s = 0; s < 200; ++s) {
+    torch::manual_seed(500 + s);
+    const bool overflow = s % 11 == 4 || s % 37 == 5;
+    for (size_t i = 0; i < host.params.size(); ++i) {
+      at::Tensor g = torch::randn(host.params[i].sizes()) * host.scaler.get_scale() * 1e-2;
+      if (overflow && i == 1) {
+        g[2] = s % 2 ? std::numeric_limits<float>::infinity()
+                     : std::numeric_limits<float>::quiet_NaN();
+      }
+      host.params[i].mutable_grad() = g;
+      dev.params[i].mutable_grad() = g.clone();
+    }
+    if (s % 3 == 1) {
+      const double a = host.scaler.clip_grad_norm_(host.opt, 0.3);
+      const double b = dev.scaler.clip_grad_norm_(dev.opt, 0.3);
+      ASSERT_TRUE(a == b || (std::isnan(a) && std::isnan(b)))
+          << "step " << s << ": " << a << " vs " << b;
+    } else if (s % 5 == 2) {
+      host.scaler.unscale_(host.opt);
+      dev.scaler.unscale_(dev.opt);
+    }
+    const bool stepped = host.scaler.step(host.opt).has_value();
+    ASSERT_EQ(stepped, dev.scaler.step(dev.opt).has_value()) << "step " << s;
+    ASSERT_EQ(stepped, !overflow) << "step " << s;
+    skipped += stepped ? 0 : 1;
+    host.scaler.update();
+    dev.scaler.update();
+    ASSERT_EQ(host.scaler.get_scale(), dev.scaler.get_scale()) << "step " << s;
+    ASSERT_EQ(host.scaler.get_growth_tracker(), dev.scaler.get_growth_tracker()) << "step " << s;
+    ASSERT_EQ(host.scaler.get_backoff_tracker(), dev.scaler.get_backoff_tracker()) << "step " << s;
+    ASSERT_EQ(host.scaler.get_consecutive_skips(), dev.scaler.get_consecutive_skips())
+        << "step " << s;
+    for (size_t i = 0; i < host.params.size(); ++i) {
+      ASSERT_TRUE(bits(host.params[i]).equal(bits(dev.params[i])))
+          << "step " << s << " parameter " << i << " differs by "
+          << (host.params[i] - dev.params[i]).abs().max().template item<double>();
+    }
+  }
+  EXPECT_GT(skipped, 10);
+  // The state: moments the same bits, and the step counts the device kept
+  // (brought back to the state, as save does).
+  dev.opt.fused_step_counts_to_host();
+  for (size_t i = 0; i < host.params.size(); ++i) {
+    const auto* a = host.opt.state().count(key_of(host.opt, host.params[i]))
+                        ? host.opt.state().at(key_of(host.opt, host.params[i])).get()
+                        : nullptr;
+    const auto* b = dev.opt.state().count(key_of(dev.opt, dev.params[i]))
+                        ? dev.opt.state().at(key_of(dev.opt, dev.params[i])).get()
+                        : nullptr;
+    ASSERT_EQ(a == nullptr, b == nullptr) << "parameter " << i;
+    if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(a)) {
+      const auto& other = dynamic_cast<const torch::optim::AdamParamState&>(*b);
+      EXPECT_EQ(adam->step(), other.step()) << "parameter " << i;
+      EXPECT_TRUE(bits(adam->exp_avg_sq()).equal(bits(other.exp_avg_sq()))) << "parameter " << i;
+    }
+    if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(a)) {
+      const auto& other = dynamic_cast<const torch::optim::AdamWParamState&>(*b);
+      EXPECT_EQ(adamw->step(), other.step()) << "parameter " << i;
+      EXPECT_GT(adamw->step(), 150);
+      EXPECT_TRUE(bits(adamw->exp_avg()).equal(bits(other.exp_avg()))) << "parameter " << i;
+    }
+  }
+  EXPECT_EQ(host.scaler.state_dict(), dev.scaler.state_dict());
+}
+
+#define SKIP_WITHOUT_ATEN_FUSED_OPS()                                                 \
+  if (!torchamp::compat::kAtenFusedOptimizers) {                                      \
+    GTEST_SKIP() << "ATen's fused optimizer ops need LibTorch 2.4 or later; this is " \
+                 << TORCH_VERSION;                                                    \
+  }
+
+TEST(DeviceState, EqualsTheHostScalerStepForStep) {
+  SKIP_WITHOUT_ATEN_FUSED_OPS();
+  const auto pytorch = GradScalerOptions().init_scale(1024).growth_interval(10);
+  // Paddle's rule: backoff after two overflows in a row, and a floor.
+  const auto paddle = GradScalerOptions().init_scale(1024).growth_interval(10).backoff_interval(2);
+  const auto floor = GradScalerOptions().init_scale(8).growth_interval(50).min_scale(2);
+  device_equals_host<torchamp::optim::AdamW>(torch::optim::AdamWOptions(1e-3).weight_decay(0.1),
+                                             pytorch, "AdamW, PyTorch's rule");
+  device_equals_host<torchamp::optim::AdamW>(torch::optim::AdamWOptions(1e-3), paddle,
+                                             "AdamW, Paddle's rule");
+  device_equals_host<torchamp::optim::Adam>(torch::optim::AdamOptions(1e-3).amsgrad(true), floor,
+                                            "Adam amsgrad, min_scale");
+  device_equals_host<torchamp::optim::SGD>(
+      torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true), pytorch, "SGD nesterov");
+  device_equals_host<torchamp::optim::SGD>(torch::optim::SGDOptions(1e-2), paddle,
+                                           "SGD, Paddle's rule");
+}
+
+// An optimizer that does not take the scale: Python's _maybe_opt_step reads
+// the flag, and so does this one; the schedule is the host's all the same.
+TEST(DeviceState, PlainOptimizerStepsAsWithTheHostScaler) {
+  const auto options = GradScalerOptions().init_scale(256).growth_interval(3);
+  std::vector<at::Tensor> a = make_params(), b = make_params();
+  torch::optim::SGD host_opt(a, torch::optim::SGDOptions(0.1).momentum(0.5));
+  torch::optim::SGD dev_opt(b, torch::optim::SGDOptions(0.1).momentum(0.5));
+  GradScaler host(options), dev(GradScalerOptions(options).device_state(true));
+  for (int s = 0; s < 30; ++s) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      at::Tensor g = torch::full(a[i].sizes(), s % 7 == 3 ? 1e38f : 0.5f) * host.get_scale();
+      a[i].mutable_grad() = g;
+      b[i].mutable_grad() = g.clone();
+    }
+    ASSERT_EQ(host.step(host_opt).has_value(), dev.step(dev_opt).has_value()) << "step " << s;
+    host.update();
+    dev.update();
+    ASSERT_EQ(host.get_scale(), dev.get_scale()) << "step " << s;
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_TRUE(a[i].equal(b[i])) << "step " << s;
+    }
+  }
+}
+
+// Inside an iteration (forward, scale, backward, unscale_, step, update) a
+// device scaler with a fused optimizer on ATen's path reads nothing back;
+// clip_grad_norm_ reads its return value (one); what the program asks for
+// afterwards reads then.
+TEST(DeviceState, AnIterationReadsNothingBackToTheHost) {
+  SKIP_WITHOUT_ATEN_FUSED_OPS();
+  torch::manual_seed(0);
+  torch::nn::Linear model(8, 4);
+  for (bool sgd : {false, true}) {
+    SCOPED_TRACE(sgd ? "SGD" : "AdamW");
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    const auto aten = FusedOptions().aten_kernels(true);
+    if (sgd) {
+      opt = std::make_unique<torchamp::optim::SGD>(
+          model->parameters(), torch::optim::SGDOptions(1e-2).momentum(0.9), aten);
+    } else {
+      opt = std::make_unique<torchamp::optim::AdamW>(model->parameters(),
+                                                     torch::optim::AdamWOptions(1e-3), aten);
+    }
+    GradScaler scaler(
+        GradScalerOptions().init_scale(1 << 20).growth_interval(2).device_state(true));
+    const at::Tensor x = torch::randn({16, 8});
+    const at::Tensor y = torch::randn({16, 4});
+    auto iteration = [&](int s, bool clip) {
+      opt->zero_grad();
+      at::Tensor loss = torch::mse_loss(model->forward(x), y);
+      if (s % 4 == 3) {
+        loss = loss * std::numeric_limits<float>::infinity();  // an overflow from the data
+      }
+      scaler.scale(loss).backward();
+      if (clip) {
+        scaler.clip_grad_norm_(*opt, 1.0);
+      } else if (s % 2 == 0) {
+        scaler.unscale_(*opt);
+      }
+      scaler.step(*opt);
+      scaler.update();
+    };
+    iteration(0, false);  // SGD's first step makes its momentum buffers: it reads the flag once
+    {
+      HostReads reads;
+      for (int s = 1; s < 12; ++s) {
+        iteration(s, false);
+      }
+      EXPECT_EQ(reads.count(), 0) << "host reads in 11 iterations";
+    }
+    {
+      HostReads reads;
+      iteration(13, true);
+      EXPECT_EQ(reads.count(), 1) << "clip_grad_norm_ returns the norm: one read";
+    }
+    {
+      HostReads reads;
+      opt->zero_grad();
+      scaler.scale(torch::mse_loss(model->forward(x), y)).backward();
+      torchamp::StepResult result = scaler.step(*opt);
+      scaler.update();
+      EXPECT_EQ(reads.count(), 0);
+      EXPECT_TRUE(result.has_value());
+      EXPECT_TRUE(static_cast<bool>(result));  // read once, then remembered
+      EXPECT_EQ(reads.count(), 1);
+      const double scale = scaler.get_scale();
+      EXPECT_GT(scale, 0);
+      EXPECT_GE(reads.count(), 2);
+    }
+  }
+}
+
+// What the program asks of a device scaler it reads back; a setter or a
+// load writes the device state, and the schedule goes on from there.
+TEST(DeviceState, SettersAndLoadsWriteTheDeviceState) {
+  GradScaler host(GradScalerOptions().init_scale(64).growth_interval(2));
+  GradScaler dev(GradScalerOptions().init_scale(64).growth_interval(2).device_state(true));
+  auto p = torch::zeros({3});
+  auto q = torch::zeros({3});
+  torch::optim::SGD host_opt({p}, torch::optim::SGDOptions(0.1));
+  torch::optim::SGD dev_opt({q}, torch::optim::SGDOptions(0.1));
+  auto step = [&](bool overflow) {
+    p.mutable_grad() = torch::full({3}, overflow ? INFINITY : 1.0f);
+    q.mutable_grad() = p.grad().clone();
+    host.step(host_opt);
+    dev.step(dev_opt);
+    host.update();
+    dev.update();
+  };
+  step(false);
+  host.set_init_scale(512);
+  dev.set_init_scale(512);
+  step(false);
+  EXPECT_EQ(dev.get_scale(), host.get_scale());
+  host.set_growth_interval(1);  // below the tracker: the next clean update grows
+  dev.set_growth_interval(1);
+  step(false);
+  EXPECT_EQ(dev.get_scale(), host.get_scale());
+  EXPECT_EQ(dev.get_growth_tracker(), host.get_growth_tracker());
+  GradScaler loaded(GradScalerOptions().device_state(true));
+  loaded.load_state_dict(host.state_dict());
+  step(true);
+  EXPECT_EQ(dev.state_dict(), host.state_dict());
+  dev.update(4096.0);
+  EXPECT_EQ(dev.get_scale(), 4096.0);
+  EXPECT_EQ(loaded.get_scale(), 2048.0);  // as loaded, before the overflow
+}
+
+// A device scaler finds the non-finite gradients when asked.
+TEST(DeviceState, NonFiniteGradientsAreFoundWhenAsked) {
+  GradScaler scaler(GradScalerOptions().device_state(true));
+  auto a = torch::zeros({2});
+  auto b = torch::zeros({2});
+  scaler.register_parameter_name("b", b);
+  torch::optim::SGD opt({a, b}, torch::optim::SGDOptions(0.1));
+  a.mutable_grad() = torch::ones({2});
+  b.mutable_grad() = torch::tensor({1.0f, NAN});
+  scaler.unscale_(opt);
+  const auto report = scaler.non_finite_gradients(opt);
+  ASSERT_EQ(report.size(), 1u);
+  EXPECT_EQ(report[0].index, 1u);
+  EXPECT_EQ(report[0].name, "b");
+  EXPECT_FALSE(scaler.step(opt).has_value());
+}
+
+}  // namespace
