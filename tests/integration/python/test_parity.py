@@ -11,7 +11,8 @@ gradients absent, unscale_ before step for some optimizers, some optimizers
 not stepped, update() or update(new_scale), and state_dict/load_state_dict
 into a fresh scaler midway. Python's GradScaler runs each sequence here;
 tests/integration/tools/parity_tool.cpp runs the same sequences through
-torchamp::GradScaler and an SGD that performs torch.optim.SGD's single-tensor
+torchamp::GradScaler (twice: its state on the host, and in tensors with
+GradScalerOptions().device_state, the path a CUDA scaler takes) and an SGD that performs torch.optim.SGD's single-tensor
 operations in C++ (a torch::optim::SGD subclass). After every step the two
 must agree bit for bit: the scale, the growth tracker, which optimizers
 stepped, every gradient (as unscaled) and every parameter, with one
@@ -160,16 +161,26 @@ class ParityWithPyTorch(unittest.TestCase):
         rng = random.Random(SEED)
         torch.manual_seed(SEED)
         sequences = [make_sequence(rng) for _ in range(SEQUENCES)]
-        spec = os.path.join(WORK, "parity_spec.pt")
-        out = os.path.join(WORK, "parity_cpp.pt")
-        torch.save({"sequences": sequences}, spec)
-        subprocess.run([TOOL, spec, out], check=True)
-        cpp = load_from_cpp(out)["traces"]
-        self.assertEqual(len(cpp), len(sequences))
+        # torchamp twice: the scaler's state on the host (the CPU default),
+        # and in tensors (device_state: the path a CUDA scaler takes).
+        runs = {}
+        for device_state in (False, True):
+            spec = os.path.join(WORK, f"parity_spec_{int(device_state)}.pt")
+            out = os.path.join(WORK, f"parity_cpp_{int(device_state)}.pt")
+            torch.save({"sequences": sequences, "device_state": device_state}, spec)
+            subprocess.run([TOOL, spec, out], check=True)
+            runs[device_state] = load_from_cpp(out)["traces"]
+            self.assertEqual(len(runs[device_state]), len(sequences))
+        pythons = [run_python(seq) for seq in sequences]
+        for device_state, cpp in runs.items():
+            with self.subTest(device_state=device_state):
+                self.compare(sequences, pythons, cpp, device_state)
+
+    def compare(self, sequences, pythons, cpp, device_state):
 
         steps = skipped = grown = backed_off = reloads = tensors = nan_payloads = 0
         for s, (seq, theirs) in enumerate(zip(sequences, cpp)):
-            ours_py = run_python(seq)
+            ours_py = pythons[s]
             self.assertEqual(len(theirs), len(ours_py), f"sequence {s}")
             prev_scale = seq["cfg"]["init_scale"]
             for k, (py, cc) in enumerate(zip(ours_py, theirs)):
@@ -200,7 +211,8 @@ class ParityWithPyTorch(unittest.TestCase):
                     backed_off += py["scale"] < prev_scale
                 reloads += seq["steps"][k]["reload"]
                 prev_scale = py["scale"]
-        print(f"parity: {len(sequences)} sequences, {steps} steps, {skipped} skipped optimizer "
+        print(f"parity ({'state in tensors' if device_state else 'state on the host'}): "
+              f"{len(sequences)} sequences, {steps} steps, {skipped} skipped optimizer "
               f"steps, {grown} growths, {backed_off} backoffs, {reloads} reloads, {tensors} "
               f"tensors compared bit for bit: no difference (NaN payloads aside: {nan_payloads} "
               f"NaN elements with another bit pattern)")

@@ -128,9 +128,10 @@ List snapshot(const std::vector<std::vector<at::Tensor>>& params, bool grads) {
   return out;
 }
 
-List run(const Dict& seq) {
+List run(const Dict& seq, bool device_state) {
   const Dict cfg = at_key(seq, "cfg").toGenericDict();
   torchamp::GradScaler scaler(torchamp::GradScalerOptions()
+                                  .device_state(device_state)
                                   .init_scale(num(at_key(cfg, "init_scale")))
                                   .growth_factor(num(at_key(cfg, "growth_factor")))
                                   .backoff_factor(num(at_key(cfg, "backoff_factor")))
@@ -180,7 +181,7 @@ List run(const Dict& seq) {
       scaler.update(num(new_scale));
     }
     if (at_key(step, "reload").toBool()) {
-      torchamp::GradScaler fresh;
+      torchamp::GradScaler fresh(torchamp::GradScalerOptions().device_state(device_state));
       fresh.load_state_dict(scaler.state_dict());
       scaler = std::move(fresh);
     }
@@ -206,9 +207,12 @@ int main(int argc, char** argv) {
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
                                 std::istreambuf_iterator<char>());
   const Dict spec = torch::pickle_load(bytes).toGenericDict();
+  // The scaler's state in tensors (GradScalerOptions().device_state): the
+  // path a CUDA scaler takes, with ATen's own AMP ops as Python's.
+  const bool device_state = spec.contains("device_state") && spec.at("device_state").toBool();
   List traces = new_list();
   for (const IValue& seq : items(at_key(spec, "sequences"))) {
-    traces.push_back(run(seq.toGenericDict()));
+    traces.push_back(run(seq.toGenericDict(), device_state));
   }
   Dict out = new_dict();
   out.insert("traces", traces);
