@@ -5,7 +5,8 @@ Run: python test_parity.py PARITY_TOOL WORKDIR
 Random sequences (TORCHAMP_PARITY_SEQUENCES, default 1000; seed
 TORCHAMP_PARITY_SEED, default 0) of what a training loop does with a scaler:
 several SGD optimizers with different options (momentum, dampening, nesterov,
-weight decay), float32 and bfloat16 parameters, gradients set as
+weight decay) and, from PyTorch 2.4, AdamW(fused=True) ones (torchamp's fused
+AdamW on ATen's path, FusedOptions().aten_kernels, on the C++ side), float32 and bfloat16 parameters, gradients set as
 scaler.scale(raw) with inf/NaN injected at random steps and tensors, some
 gradients absent, unscale_ before step for some optimizers, some optimizers
 not stepped, update() or update(new_scale), and state_dict/load_state_dict
@@ -40,6 +41,9 @@ TOOL, WORK = sys.argv[1], sys.argv[2]
 del sys.argv[1:3]
 SEQUENCES = int(os.environ.get("TORCHAMP_PARITY_SEQUENCES", "1000"))
 SEED = int(os.environ.get("TORCHAMP_PARITY_SEED", "0"))
+# Python's AdamW(fused=True) on CPU tensors (2.4+): some optimizers are that,
+# against torchamp::optim::AdamW on ATen's path.
+FUSED_ADAMW = TORCH_MINOR >= (2, 4)
 
 
 def make_sequence(rng):
@@ -55,15 +59,24 @@ def make_sequence(rng):
     dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16])
     opts, params = [], []
     for _ in range(rng.randint(1, 3)):
-        momentum = rng.choice([0.0, 0.9])
-        nesterov = momentum > 0 and rng.random() < 0.3
-        opts.append({
-            "lr": rng.choice([0.1, 0.01, 1e-3]),
-            "momentum": momentum,
-            "dampening": 0.0 if nesterov else rng.choice([0.0, 0.1]),
-            "weight_decay": rng.choice([0.0, 1e-2]),
-            "nesterov": nesterov,
-        })
+        if FUSED_ADAMW and rng.random() < 0.3:
+            opts.append({
+                "kind": "adamw_fused",
+                "lr": rng.choice([0.1, 0.01, 1e-3]),
+                "betas": list(rng.choice([(0.9, 0.999), (0.8, 0.99)])),
+                "weight_decay": rng.choice([0.0, 1e-2]),
+                "amsgrad": rng.random() < 0.3,
+            })
+        else:
+            momentum = rng.choice([0.0, 0.9])
+            nesterov = momentum > 0 and rng.random() < 0.3
+            opts.append({
+                "lr": rng.choice([0.1, 0.01, 1e-3]),
+                "momentum": momentum,
+                "dampening": 0.0 if nesterov else rng.choice([0.0, 0.1]),
+                "weight_decay": rng.choice([0.0, 1e-2]),
+                "nesterov": nesterov,
+            })
         group = []
         for _ in range(rng.randint(1, 4)):
             shape = rng.choice([(1,), (7,), (3, 5), (64,), (2, 3, 4)])
@@ -114,7 +127,10 @@ def found_inf(scaler, opt):
 def run_python(seq):
     """PyTorch's GradScaler and SGD over one sequence; the trace after each step."""
     params = [[p.clone().requires_grad_() for p in group] for group in seq["params"]]
-    opts = [torch.optim.SGD(group, lr=o["lr"], momentum=o["momentum"], dampening=o["dampening"],
+    opts = [torch.optim.AdamW(group, lr=o["lr"], betas=o["betas"], weight_decay=o["weight_decay"],
+                              amsgrad=o["amsgrad"], fused=True)
+            if o.get("kind") == "adamw_fused" else
+            torch.optim.SGD(group, lr=o["lr"], momentum=o["momentum"], dampening=o["dampening"],
                             weight_decay=o["weight_decay"], nesterov=o["nesterov"])
             for group, o in zip(params, seq["opts"])]
     cfg = seq["cfg"]
@@ -211,8 +227,9 @@ class ParityWithPyTorch(unittest.TestCase):
                     backed_off += py["scale"] < prev_scale
                 reloads += seq["steps"][k]["reload"]
                 prev_scale = py["scale"]
+        fused = sum(o.get("kind") == "adamw_fused" for seq in sequences for o in seq["opts"])
         print(f"parity ({'state in tensors' if device_state else 'state on the host'}): "
-              f"{len(sequences)} sequences, {steps} steps, {skipped} skipped optimizer "
+              f"{len(sequences)} sequences ({fused} fused AdamW optimizers among them), {steps} steps, {skipped} skipped optimizer "
               f"steps, {grown} growths, {backed_off} backoffs, {reloads} reloads, {tensors} "
               f"tensors compared bit for bit: no difference (NaN payloads aside: {nan_payloads} "
               f"NaN elements with another bit pattern)")
@@ -221,6 +238,7 @@ class ParityWithPyTorch(unittest.TestCase):
         self.assertGreater(grown, 0)
         self.assertGreater(backed_off, 0)
         self.assertGreater(reloads, 0)
+        self.assertTrue(fused > 0 or not FUSED_ADAMW)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // Replays tests/integration/python/test_parity.py's random sequences through
 // torchamp::GradScaler and an SGD that runs Python's torch.optim.SGD
-// operations (see PythonSGD), and writes the trace
+// operations (see PythonSGD), or torchamp's fused AdamW on ATen's path
+// (against Python's AdamW(fused=True)), and writes the trace
 // after every step (scale, growth tracker, skip decisions, gradients,
 // parameters) for the Python side to compare with PyTorch's GradScaler.
 //
@@ -9,6 +10,7 @@
 // SPEC is torch.save({"sequences": [...]}) (see make_sequence there); OUT is
 // torch::pickle_save({"traces": [[step, ...], ...]}), which torch.load reads.
 #include <torchamp/grad_scaler.h>
+#include <torchamp/optim.h>
 
 #include <ATen/ScalarOps.h>
 #include <ATen/core/grad_mode.h>
@@ -139,13 +141,26 @@ List run(const Dict& seq, bool device_state) {
   const List opt_cfgs = at_key(seq, "opts").toList();
   const List init = at_key(seq, "params").toList();
   std::vector<std::vector<at::Tensor>> params;
-  std::vector<std::unique_ptr<PythonSGD>> opts;
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> opts;
   for (size_t o = 0; o < init.size(); ++o) {
     std::vector<at::Tensor> group;
     for (const IValue& p : items(init.get(o))) {
       group.push_back(p.toTensor().clone().set_requires_grad(true));
     }
     const Dict oc = opt_cfgs.get(o).toGenericDict();
+    if (oc.contains("kind") && oc.at("kind").toStringRef() == "adamw_fused") {
+      // ATen's _fused_adamw_ with the scaler's flag and scale, as Python's.
+      const List betas = at_key(oc, "betas").toList();
+      opts.push_back(std::make_unique<torchamp::optim::AdamW>(
+          group,
+          torch::optim::AdamWOptions(num(at_key(oc, "lr")))
+              .betas({num(betas.get(0)), num(betas.get(1))})
+              .weight_decay(num(at_key(oc, "weight_decay")))
+              .amsgrad(at_key(oc, "amsgrad").toBool()),
+          torchamp::optim::FusedOptions().aten_kernels(true)));
+      params.push_back(std::move(group));
+      continue;
+    }
     opts.push_back(
         std::make_unique<PythonSGD>(group, torch::optim::SGDOptions(num(at_key(oc, "lr")))
                                                .momentum(num(at_key(oc, "momentum")))
