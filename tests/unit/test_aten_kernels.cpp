@@ -1,11 +1,12 @@
 // The fused optimizers' other path: ATen's multi-tensor fused ops, which CUDA
 // parameters take, forced onto CPU parameters (FusedOptions().aten_kernels)
 // so that the CPU checks it. Master weights there are ATen ops around the
-// fused call (src/optim/aten_masters.h): masters equal to a float32 model on
-// the same path bit for bit, through a GradScaler with skipped steps,
-// folded clipping and unscale_; torchamp's CPU kernels within float32's
-// tolerances (not the same bits: see paths_agree); checkpoints moving
-// between the two paths.
+// fused call (src/optim/aten_masters.h): torchamp's CPU kernels within
+// float32's tolerances through a GradScaler with skipped steps, folded
+// clipping and unscale_ (not the same bits: see paths_agree); checkpoints
+// moving between the two paths; the join and split on every pattern. That
+// the masters there equal a float32 model bit for bit is
+// MasterWeights.OnAtensPathEqualAFloat32ModelBitForBitEveryStep.
 
 #include "test_util.h"
 
@@ -109,62 +110,6 @@ struct Training {
 };
 
 constexpr int kSteps = 120;
-
-// On ATen's path, a float16/bfloat16 model with master weights against a
-// float32 model on the same path and the same (upcast) gradients: the
-// masters equal the float32 parameters bit for bit at every step, and the
-// parameters are their masters rounded; skips and scales alike.
-template <class Opt, class Options>
-void masters_track_float32(at::ScalarType dtype, const Options& options, const char* what) {
-  SCOPED_TRACE(std::string(what) + " " + c10::toString(dtype));
-  std::vector<at::Tensor> low;
-  for (const auto& p : make_params(at::kFloat)) {
-    low.push_back(p.to(dtype));
-  }
-  std::vector<at::Tensor> ref;
-  for (const auto& p : low) {
-    ref.push_back(p.to(at::kFloat));
-  }
-  const auto aten = FusedOptions().aten_kernels(true);
-  Training<Opt> masters(low, options, FusedOptions(aten).master_weights(true));
-  Training<Opt> float32(ref, options, aten);
-  int skipped = 0;
-  for (int s = 0; s < kSteps; ++s) {
-    const auto gs = gradients(low, s, masters.scaler.get_scale(), dtype);
-    const bool stepped = masters.step(s, gs);
-    ASSERT_EQ(stepped, float32.step(s, gs)) << "step " << s;
-    skipped += stepped ? 0 : 1;
-    ASSERT_EQ(masters.scaler.get_scale(), float32.scaler.get_scale()) << "step " << s;
-    for (size_t i = 0; i < low.size(); ++i) {
-      const at::Tensor m = masters.opt.master_weight(low[i]);
-      ASSERT_TRUE(m.defined());
-      ASSERT_TRUE(bits(m).equal(bits(ref[i])))
-          << "step " << s << " master " << i << ": " << max_ulps(m, ref[i]) << " ulps";
-      // bfloat16: nearest, ties away from zero (the remainder scheme); float16: nearest even.
-      const at::Tensor rounded = dtype == at::kHalf ? ref[i].to(at::kHalf) : [&] {
-        at::Tensor p = torch::zeros_like(low[i]);
-        at::Tensor r = torch::zeros(low[i].sizes(), at::kShort);
-        torchamp::optim::split_bf16_master(ref[i].contiguous(), p, r);
-        return p;
-      }();
-      ASSERT_TRUE(bits(low[i]).equal(bits(rounded))) << "step " << s << " parameter " << i;
-    }
-  }
-  EXPECT_GT(skipped, 3);
-}
-
-TEST(AtenKernels, MastersEqualAFloat32ModelOnTheSamePathBitForBit) {
-  SKIP_WITHOUT_ATEN_FUSED_OPS();
-  for (auto dtype : {at::kBFloat16, at::kHalf}) {
-    masters_track_float32<torchamp::optim::AdamW>(
-        dtype, torch::optim::AdamWOptions(1e-3).weight_decay(0.1), "AdamW");
-    masters_track_float32<torchamp::optim::Adam>(
-        dtype, torch::optim::AdamOptions(1e-3).weight_decay(0.01).amsgrad(true), "Adam amsgrad");
-    masters_track_float32<torchamp::optim::SGD>(
-        dtype, torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(1e-4),
-        "SGD nesterov");
-  }
-}
 
 // ATen's path against torchamp's CPU kernels, from the same start with the
 // same gradients: the same skips and scales, and parameters (masters where

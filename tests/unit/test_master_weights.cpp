@@ -74,21 +74,23 @@ std::unique_ptr<torch::optim::Optimizer> make(std::vector<at::Tensor> ps, const 
 // the same optimizer, both through a GradScaler, on the same gradients (the
 // float32 model's are the low-precision ones upcast), with overflows among
 // the steps. The masters must equal the float32 parameters bit for bit.
+// `path`: both optimizers' other options (ATen's path: aten_kernels).
 template <class Opt, class Options>
-void masters_track_float32(at::ScalarType dtype, const Options& options, const char* what) {
-  SCOPED_TRACE(std::string(what) + " " + c10::toString(dtype));
+void masters_track_float32(at::ScalarType dtype, const Options& options, const char* what,
+                           FusedOptions path, int steps) {
+  SCOPED_TRACE(std::string(what) + " " + c10::toString(dtype) +
+               (path.aten_kernels() ? " on ATen's path" : ""));
   auto low = make_params(dtype, 1);
   std::vector<at::Tensor> ref;
   for (const auto& p : low) {
     ref.push_back(p.to(at::kFloat));
   }
-  Opt low_opt(low, options, kMasters);
-  Opt ref_opt(ref, options);
+  Opt low_opt(low, options, FusedOptions(path).master_weights(true));
+  Opt ref_opt(ref, options, path);
   const auto opts = GradScalerOptions().init_scale(1024).growth_interval(50);
   GradScaler low_scaler(opts), ref_scaler(opts);
   int skipped = 0;
-  constexpr int kSteps = 1000;
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = 0; s < steps; ++s) {
     torch::manual_seed(1000 + s);
     const bool overflow = s % 97 == 13;
     for (size_t i = 0; i < low.size(); ++i) {
@@ -117,7 +119,7 @@ void masters_track_float32(at::ScalarType dtype, const Options& options, const c
         EXPECT_TRUE(low[i].equal(before[i])) << "a skipped step changed parameter " << i;
       }
     }
-    if (s % 100 == 99 || s == kSteps - 1) {
+    if (s % 100 == 99 || s == steps - 1 || path.aten_kernels()) {
       for (size_t i = 0; i < low.size(); ++i) {
         const at::Tensor master = low_opt.master_weight(low[i]);
         ASSERT_TRUE(master.defined());
@@ -130,7 +132,7 @@ void masters_track_float32(at::ScalarType dtype, const Options& options, const c
       }
     }
   }
-  EXPECT_GT(skipped, 5);
+  EXPECT_GE(skipped, steps / 97);  // an overflow every 97 steps
   // float32 state, as the float32 model's.
   for (const auto& t : low_opt.state()) {
     const auto* adam = dynamic_cast<const torch::optim::AdamWParamState*>(t.second.get());
@@ -140,16 +142,32 @@ void masters_track_float32(at::ScalarType dtype, const Options& options, const c
   }
 }
 
-TEST(MasterWeights, ThousandStepsWithSkipsEqualAFloat32ModelBitForBit) {
+// Each optimizer on float16 and bfloat16 parameters.
+void every_optimizer_tracks_float32(FusedOptions path, int steps) {
   for (auto dtype : {at::kBFloat16, at::kHalf}) {
     masters_track_float32<torchamp::optim::AdamW>(
-        dtype, torch::optim::AdamWOptions(1e-3).weight_decay(0.1), "AdamW");
+        dtype, torch::optim::AdamWOptions(1e-3).weight_decay(0.1), "AdamW", path, steps);
     masters_track_float32<torchamp::optim::Adam>(
-        dtype, torch::optim::AdamOptions(1e-3).weight_decay(0.01).amsgrad(true), "Adam amsgrad");
+        dtype, torch::optim::AdamOptions(1e-3).weight_decay(0.01).amsgrad(true), "Adam amsgrad",
+        path, steps);
     masters_track_float32<torchamp::optim::SGD>(
         dtype, torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(1e-4),
-        "SGD nesterov");
+        "SGD nesterov", path, steps);
   }
+}
+
+TEST(MasterWeights, ThousandStepsWithSkipsEqualAFloat32ModelBitForBit) {
+  every_optimizer_tracks_float32(FusedOptions(), 1000);
+}
+
+// The same on ATen's path (CUDA's, here on the CPU with aten_kernels): the
+// masters joined, updated by ATen's fused op and split back (src/optim/
+// aten_masters.cpp) equal a float32 model on that path at every step.
+TEST(MasterWeights, OnAtensPathEqualAFloat32ModelBitForBitEveryStep) {
+  if (!torchamp::compat::kAtenFusedOptimizers) {
+    GTEST_SKIP() << "ATen's fused optimizer ops need LibTorch 2.4 or later";
+  }
+  every_optimizer_tracks_float32(FusedOptions().aten_kernels(true), 200);
 }
 
 // Master weights run a vector at a time where the CPU has AVX2 + F16C (8
