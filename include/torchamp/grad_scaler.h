@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace torch {
@@ -275,6 +276,22 @@ class GradScaler {
   // there, updated in place. `schedule_` and `consecutive_skips_` then hold
   // what was last read back, and `host_()` reads them again when stale.
   struct OnDevice {
+    OnDevice() = default;
+    // A copied scaler gets its own tensors (not the same ones, updated in place).
+    OnDevice(const OnDevice& other)
+        : scale(other.scale.clone()),
+          growth(other.growth.clone()),
+          backoff(other.backoff.clone()),
+          skips(other.skips.clone()),
+          host_stale(other.host_stale),
+          tracker_below_interval(other.tracker_below_interval) {}
+    OnDevice& operator=(const OnDevice& other) {
+      OnDevice copy(other);
+      return *this = std::move(copy);
+    }
+    OnDevice(OnDevice&& other) noexcept = default;
+    OnDevice& operator=(OnDevice&& other) noexcept = default;
+    ~OnDevice() = default;
     at::Tensor scale;    // float32
     at::Tensor growth;   // int32, as _amp_update_scale_ takes it
     at::Tensor backoff;  // int32

@@ -326,8 +326,12 @@ TEST(DeviceState, SettersAndLoadsWriteTheDeviceState) {
   loaded.load_state_dict(host.state_dict());
   step(true);
   EXPECT_EQ(dev.state_dict(), host.state_dict());
+  GradScaler copy = dev;  // its own state tensors
+  copy.update(8.0);
+  EXPECT_EQ(copy.get_scale(), 8.0);
   dev.update(4096.0);
   EXPECT_EQ(dev.get_scale(), 4096.0);
+  EXPECT_EQ(copy.get_scale(), 8.0);
   EXPECT_EQ(loaded.get_scale(), 2048.0);  // as loaded, before the overflow
 }
 
