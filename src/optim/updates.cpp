@@ -39,7 +39,22 @@ float read_float(const at::Tensor& t) {
 
 // `keep`: a CPU flag is kept as a tensor too (FusedOptions().aten_kernels:
 // the CPU runs what CUDA runs).
+// A flag or scale tensor as ATen's fused ops take it: float32, one element.
+void check_arg(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(!t.defined() || (t.scalar_type() == at::kFloat && t.numel() == 1),
+                    "torchamp::optim: AmpStepArgs::", name,
+                    " must be a float32 tensor of one element (as ATen's fused optimizer ops "
+                    "take it), got ",
+                    t.scalar_type(), " with ", t.numel(), " elements on ", t.device(),
+                    "; nothing was changed.");
+}
+
 StepFlags read_flags(const AmpStepArgs& args, bool keep) {
+  check_arg(args.found_inf_tensor, "found_inf_tensor");
+  check_arg(args.grad_scale_tensor, "grad_scale_tensor");
+  TORCH_CHECK_VALUE(args.found_inf_tensor.defined() || !args.grad_scale_tensor.defined(),
+                    "torchamp::optim: AmpStepArgs::grad_scale_tensor without found_inf_tensor; "
+                    "nothing was changed.");
   StepFlags f;
   if (!args.found_inf_tensor.defined()) {
     f.skip = args.found_inf;

@@ -335,6 +335,41 @@ TEST(DeviceState, SettersAndLoadsWriteTheDeviceState) {
   EXPECT_EQ(loaded.get_scale(), 2048.0);  // as loaded, before the overflow
 }
 
+// A flag or scale of the wrong kind from a user's own code calling amp_step:
+// a typed error naming it, and nothing changed.
+TEST(DeviceState, BadDeviceArgumentsAreTypedErrorsThatChangeNothing) {
+  for (bool aten : {false, true}) {
+    if (aten && !torchamp::compat::kAtenFusedOptimizers) {
+      continue;
+    }
+    auto p = torch::ones({4});
+    torchamp::optim::AdamW opt({p}, torch::optim::AdamWOptions(0.1),
+                               FusedOptions().aten_kernels(aten));
+    p.mutable_grad() = torch::ones({4});
+    const at::Tensor before = p.clone();
+    torchamp::AmpStepArgs wrong_dtype;
+    wrong_dtype.found_inf_tensor = torch::zeros({}, at::kDouble);
+    torchamp_test::expect_throws<c10::ValueError>(
+        [&] { opt.amp_step(wrong_dtype); }, "AmpStepArgs::found_inf_tensor must be a float32");
+    torchamp::AmpStepArgs wrong_size;
+    wrong_size.found_inf_tensor = torch::zeros({});
+    wrong_size.grad_scale_tensor = torch::ones({2});
+    torchamp_test::expect_throws<c10::ValueError>([&] { opt.amp_step(wrong_size); },
+                                                  "grad_scale_tensor must be a float32 tensor of "
+                                                  "one element");
+    torchamp::AmpStepArgs scale_alone;
+    scale_alone.grad_scale_tensor = torch::ones({});
+    torchamp_test::expect_throws<c10::ValueError>([&] { opt.amp_step(scale_alone); },
+                                                  "grad_scale_tensor without found_inf_tensor");
+    EXPECT_TRUE(p.equal(before));
+    EXPECT_TRUE(opt.state().empty());
+    torchamp::AmpStepArgs good;  // and then a good one steps
+    good.found_inf_tensor = torch::zeros({});
+    opt.amp_step(good);
+    EXPECT_FALSE(p.equal(before));
+  }
+}
+
 // A device scaler finds the non-finite gradients when asked.
 TEST(DeviceState, NonFiniteGradientsAreFoundWhenAsked) {
   GradScaler scaler(GradScalerOptions().device_state(true));
