@@ -271,6 +271,10 @@ void bm_ceiling(benchmark::State& state, const Case& c) {
 //   bf16-sr, bf16-nearest               AdamW on bfloat16 parameters and
 //                                       state without masters: stochastic
 //                                       rounding, and round to nearest
+//   fp32+device, bf16-master+device     (10000 x 100 only) the scaler's state
+//                                       in tensors and the optimizer on
+//                                       ATen's fused ops: what a CUDA step
+//                                       runs (#61), here on the CPU
 //   ...@avx2                            where the CPU has AVX-512: master
 //                                       weights on the AVX2 loops instead
 //                                       (kernels::cap_isa), what AVX-512 buys
@@ -283,10 +287,10 @@ struct Variant {
 
 template <class Opt, class Options>
 Variant scaled_variant(const std::string& name, std::vector<at::Tensor> ps, Options options,
-                       torchamp::optim::FusedOptions fused = {}) {
+                       torchamp::optim::FusedOptions fused = {}, bool device_state = false) {
   auto opt = std::make_shared<Opt>(ps, options, fused);
-  auto scaler =
-      std::make_shared<torchamp::GradScaler>(torchamp::GradScalerOptions().init_scale(2.0));
+  auto scaler = std::make_shared<torchamp::GradScaler>(
+      torchamp::GradScalerOptions().init_scale(2.0).device_state(device_state));
   scaler->step(*opt);
   scaler->update(0.5);
   auto i = std::make_shared<int64_t>(1);
@@ -343,7 +347,8 @@ Variant on_avx2(Variant v) {
 }
 
 void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others,
-                     std::vector<std::string>& isas, std::vector<std::string>& srs) {
+                     std::vector<std::string>& isas, std::vector<std::string>& srs,
+                     std::vector<std::string>& devices) {
   const auto adamw = torch::optim::AdamWOptions(1e-3).weight_decay(0.01);
   const auto sgd = torch::optim::SGDOptions(1e-3).momentum(0.9);
   const auto masters = torchamp::optim::FusedOptions().master_weights(true);
@@ -406,6 +411,17 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
   vs.push_back(plain_variant<torchamp::optim::Adam>("adam-fp32", make_params(c), adam));
   vs.push_back(plain_variant<torchamp::optim::SGD>("sgd-fp32", make_params(c), sgd));
 #if TORCHAMP_ATEN_FUSED_OPTIMIZERS
+  // The device path: many small tensors only (its kernels per tensor are
+  // what it adds; 1 x 64M has no room for two more copies on 24 GB).
+  const bool device_path = c.tensors > 1;
+  if (device_path) {
+    const auto aten = torchamp::optim::FusedOptions().aten_kernels(true);
+    vs.push_back(
+        scaled_variant<torchamp::optim::AdamW>("fp32+device", make_params(c), adamw, aten, true));
+    vs.push_back(scaled_variant<torchamp::optim::AdamW>(
+        "bf16-master+device", make_params(c, at::kBFloat16), adamw,
+        torchamp::optim::FusedOptions(aten).master_weights(true), true));
+  }
   {
     auto st = std::make_shared<AtenScaled>(make_params(c), true);
     vs.push_back({"aten_adamw+scaler", [st] {
@@ -477,6 +493,13 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
                 speed("bf16-sr", "fp32"), speed("bf16-nearest", "bf16-sr"), isa_gain,
                 bytes["bf16-master"], bytes["bf16-sr"]);
   srs.push_back(row);
+  if (med.count("fp32+device")) {
+    std::snprintf(row, sizeof row, "| %s | %.2f | %.2fx | %.2fx | %.2f | %.2fx |", c.name,
+                  med["fp32+device"], speed("fp32+device", "aten_adamw+scaler"),
+                  speed("fp32+device", "fp32+scaler"), med["bf16-master+device"],
+                  speed("bf16-master+device", "bf16-master+scaler"));
+    devices.push_back(row);
+  }
   if (avx512) {
     const auto gain = [&](const std::string& v) { return speed(v.c_str(), (v + "@avx2").c_str()); };
     std::snprintf(row, sizeof row,
@@ -498,10 +521,22 @@ void interleaved(int rounds_large, int rounds_small) {
       "LibTorch |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       at::get_num_threads(), TORCH_VERSION);
-  std::vector<std::string> others, isas, srs;
+  std::vector<std::string> others, isas, srs, devices;
   for (const auto& c : kCases) {
     if (std::string(c.name) == "1x64M" || std::string(c.name) == "10000x100") {
-      run_interleaved(c, c.tensors == 1 ? rounds_large : rounds_small, others, isas, srs);
+      run_interleaved(c, c.tensors == 1 ? rounds_large : rounds_small, others, isas, srs, devices);
+    }
+  }
+  if (!devices.empty()) {
+    std::printf(
+        "\nThe device path on the CPU: AdamW + GradScaler with the scaler's state in tensors "
+        "(device_state) and the optimizer on ATen's fused ops (aten_kernels), what a CUDA step "
+        "runs; speeds as the other's time over its: ATen's calls as Python's GradScaler + "
+        "AdamW(fused=True) make them, and torchamp's CPU path (host scaler, its own kernels)\n"
+        "| case | fp32 device path ms | vs Python's ATen calls | vs torchamp's CPU path | bf16 "
+        "master device path ms | vs bf16 master CPU path |\n|---|---|---|---|---|---|\n");
+    for (const auto& row : devices) {
+      std::printf("%s\n", row.c_str());
     }
   }
   std::printf(
