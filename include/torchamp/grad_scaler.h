@@ -161,8 +161,8 @@ class GradScaler {
   /// `unscale_float16`); `c10::NotImplementedError` for other dtypes/layouts.
   void unscale_(torch::optim::Optimizer& optimizer);
 
-  /// Python's `step`: `optimizer.step()` on unscaled gradients, or
-  /// `std::nullopt` without it when one was inf/NaN. An optimizer with
+  /// Python's `step`: `optimizer.step()` on unscaled gradients, or nothing
+  /// (a `StepResult` without a value) without it when one was inf/NaN. An optimizer with
   /// `StepSupportsAmpScaling` takes the scale in its update instead. The
   /// `max_consecutive_skips`-th skip in a row throws `c10::Error`, as does a
   /// second `step` before `update()` or an optimizer without gradients.
