@@ -511,6 +511,14 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
   }
 }
 
+// A table's heading and its rows, one per case.
+void print_table(const char* heading, const std::vector<std::string>& rows) {
+  std::printf("%s", heading);
+  for (const auto& row : rows) {
+    std::printf("%s\n", row.c_str());
+  }
+}
+
 void interleaved(int rounds_large, int rounds_small) {
   std::printf(
       "\nInterleaved (%d threads, LibTorch %s; medians of rounds, every variant once per round; "
@@ -528,45 +536,37 @@ void interleaved(int rounds_large, int rounds_small) {
     }
   }
   if (!devices.empty()) {
-    std::printf(
+    print_table(
         "\nThe device path on the CPU: AdamW + GradScaler with the scaler's state in tensors "
         "(device_state) and the optimizer on ATen's fused ops (aten_kernels), what a CUDA step "
         "runs; speeds as the other's time over its: ATen's calls as Python's GradScaler + "
         "AdamW(fused=True) make them, and torchamp's CPU path (host scaler, its own kernels)\n"
         "| case | fp32 device path ms | vs Python's ATen calls | vs torchamp's CPU path | bf16 "
-        "master device path ms | vs bf16 master CPU path |\n|---|---|---|---|---|---|\n");
-    for (const auto& row : devices) {
-      std::printf("%s\n", row.c_str());
-    }
+        "master device path ms | vs bf16 master CPU path |\n|---|---|---|---|---|---|\n",
+        devices);
   }
-  std::printf(
+  print_table(
       "\nAdam and SGD (momentum 0.9) with master weights, the same rounds; speeds as each "
       "optimizer's float32 fused step's time over theirs\n"
       "| case | Adam fp32 ms | Adam bf16 master | Adam fp16 master | SGD fp32 ms | SGD bf16 master "
-      "| SGD fp16 master |\n|---|---|---|---|---|---|---|\n");
-  for (const auto& row : others) {
-    std::printf("%s\n", row.c_str());
-  }
-  std::printf(
+      "| SGD fp16 master |\n|---|---|---|---|---|---|---|\n",
+      others);
+  print_table(
       "\nAdamW on bfloat16 parameters without masters, stochastic rounding (bfloat16 state), the "
       "same rounds; speeds as the other step's time over stochastic rounding's; bytes per "
       "parameter from the tensors after a step\n"
       "| case | bf16 master ms | bf16 stochastic ms | vs master | vs fp32 | round-to-nearest vs "
       "stochastic | AVX-512 vs AVX2 | bytes/param master | bytes/param stochastic |\n"
-      "|---|---|---|---|---|---|---|---|---|\n");
-  for (const auto& row : srs) {
-    std::printf("%s\n", row.c_str());
-  }
+      "|---|---|---|---|---|---|---|---|---|\n",
+      srs);
   std::printf("\nMaster weights' vector loops: %s (kernels::vector_isa())\n",
               torchamp::kernels::isa_name(torchamp::kernels::vector_isa()));
   if (!isas.empty()) {
-    std::printf(
+    print_table(
         "AVX-512's speed as the AVX2 loops' time over its own, the same steps and rounds\n"
         "| case | AdamW bf16 | AdamW fp16 | AdamW bf16 +scaler | AdamW fp16 +scaler | Adam bf16 | "
-        "Adam fp16 | SGD bf16 | SGD fp16 |\n|---|---|---|---|---|---|---|---|---|\n");
-    for (const auto& row : isas) {
-      std::printf("%s\n", row.c_str());
-    }
+        "Adam fp16 | SGD bf16 | SGD fp16 |\n|---|---|---|---|---|---|---|---|---|\n",
+        isas);
   }
 }
 
