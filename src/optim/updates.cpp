@@ -37,8 +37,6 @@ float read_float(const at::Tensor& t) {
   return t.is_cpu() ? *static_cast<const float*>(t.data_ptr()) : t.item<float>();
 }
 
-// `keep`: a CPU flag is kept as a tensor too (FusedOptions().aten_kernels:
-// the CPU runs what CUDA runs).
 // A flag or scale tensor as ATen's fused ops take it: float32, one element.
 void check_arg(const at::Tensor& t, const char* name) {
   TORCH_CHECK_VALUE(!t.defined() || (t.scalar_type() == at::kFloat && t.numel() == 1),
@@ -49,6 +47,8 @@ void check_arg(const at::Tensor& t, const char* name) {
                     "; nothing was changed.");
 }
 
+// `keep`: a CPU flag is kept as a tensor too (FusedOptions().aten_kernels:
+// the CPU runs what CUDA runs).
 StepFlags read_flags(const AmpStepArgs& args, bool keep) {
   check_arg(args.found_inf_tensor, "found_inf_tensor");
   check_arg(args.grad_scale_tensor, "grad_scale_tensor");
@@ -74,13 +74,15 @@ StepFlags read_flags(const AmpStepArgs& args, bool keep) {
 }
 
 // torchamp's CPU kernels under a device flag (CPU and CUDA parameters in one
-// optimizer with a CUDA scaler): the flag and the scale read back, once.
+// optimizer with a CUDA scaler): the flag and the scale read back, once; the
+// step then goes on as with host values.
 void read_for_cpu_jobs(StepFlags& flags) {
   if (flags.found_on_device.defined()) {
     flags.skip = flags.found_on_device.item<float>() != 0.0f;
     if (flags.scale_on_device.defined()) {
       flags.scale = flags.scale_on_device.item<float>();
     }
+    flags.found_on_device = at::Tensor();
   }
 }
 
@@ -199,7 +201,6 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
   StepFlags flags = read_flags(args, f.aten_on_cpu);
   if (flags.found_on_device.defined() && any_cpu_job(plan, f.aten_on_cpu)) {
     read_for_cpu_jobs(flags);
-    flags.found_on_device = at::Tensor();
   }
   if (flags.skip) {  // as ATen's kernels with found_inf set: nothing changes
     return;
@@ -238,24 +239,19 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
       st.max_exp_avg_sq(state_zeros(c));
       remember_state(c, st, adam_tensors<State>);
     }
-    const bool aten = takes_aten(p, f.aten_on_cpu);
-    if (aten) {  // its count on the device, taken before this step's
-      at::Tensor& step = device_step(f, c, &st, st.step());
+    if (c.master && r.master_data == nullptr) {
+      r.master_data = make_master(masters, c);
+    }
+    const at::Tensor& grad = *r.grad;
+    if (takes_aten(p, f.aten_on_cpu)) {
+      AdamBatch& b = batches[{c.group, p.device().index(), c.state_dtype, false}];
+      // Its count on the device, made from the state's before this step's.
+      b.steps.push_back(device_step(f, c, &st, st.step()));
       if (flags.found_on_device.defined()) {
         f.host_steps_stale = true;  // only the device knows whether this step counts
       } else {
         st.step(st.step() + 1);
       }
-      batches[{c.group, p.device().index(), c.state_dtype, false}].steps.push_back(step);
-    } else {
-      st.step(st.step() + 1);
-    }
-    if (c.master && r.master_data == nullptr) {
-      r.master_data = make_master(masters, c);
-    }
-    const at::Tensor& grad = *r.grad;
-    if (aten) {
-      AdamBatch& b = batches[{c.group, p.device().index(), c.state_dtype, false}];
       if (b.params.empty()) {
         b.lr = options.lr();
         b.beta1 = beta1;
@@ -272,6 +268,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
       }
       continue;
     }
+    st.step(st.step() + 1);
     if (st.step() != memo_step || beta1 != memo_beta1 || beta2 != memo_beta2) {
       memo_step = st.step();
       memo_beta1 = beta1;
@@ -332,7 +329,6 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
     // A new momentum buffer takes the first direction only if the step is
     // not skipped: the flag is read back, once in a parameter's life.
     read_for_cpu_jobs(flags);
-    flags.found_on_device = at::Tensor();
   }
   if (flags.skip) {  // as ATen's kernels with found_inf set: nothing changes
     return;

@@ -6,7 +6,6 @@
 #include "kernels/kernels.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
-#include <ATen/ops/full.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
@@ -57,9 +56,15 @@ std::vector<GradRef> checked_grads(torch::optim::Optimizer& optimizer, bool allo
 
 namespace {
 
-// found_inf as ATen's AMP ops keep it: a 1-element float32 tensor, 0 or 1.
-at::Tensor zero_flag(c10::Device device) {
-  return at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
+// The tensor a gradient is unscaled in: itself, or a sparse one's values
+// (coalesced first, in the parameter).
+at::Tensor values_of(const GradRef& ref) {
+  const at::Tensor& grad = ref.param.grad();
+  if (!grad.is_sparse()) {
+    return grad;
+  }
+  ref.param.mutable_grad() = grad.coalesce();
+  return ref.param.grad()._values();
 }
 
 }  // namespace
@@ -67,84 +72,24 @@ at::Tensor zero_flag(c10::Device device) {
 Buckets bucket_grads(const std::vector<GradRef>& grads) {
   Buckets b;
   for (size_t r = 0; r < grads.size(); ++r) {
-    const GradRef& ref = grads[r];
-    at::Tensor grad = ref.param.grad();
-    if (grad.is_sparse()) {
-      ref.param.mutable_grad() = grad.coalesce();
-      grad = ref.param.grad()._values();
-    }
-    if (grad.device().is_cpu()) {
-      b.cpu.push_back(grad);
-      b.cpu_ref.push_back(r);
-      continue;
-    }
-    // ATen's CUDA kernel takes float32/float64 (and float16) only: bfloat16
-    // gradients on CUDA take the per-tensor path below.
-    if (grad.device().is_cuda() && grad.scalar_type() != at::kBFloat16) {
-      b.cuda[{grad.device().index(), grad.scalar_type()}].push_back(grad);
-    } else {
-      b.other.push_back(grad);
-    }
-    b.device_ref.emplace_back(grad, r);
+    at::Tensor grad = values_of(grads[r]);
+    TORCH_INTERNAL_ASSERT(grad.device().is_cpu(), "the host path took a gradient on ",
+                          grad.device(), " (unscale_on_devices takes those)");
+    b.cpu.push_back(std::move(grad));
+    b.cpu_ref.push_back(r);
   }
   return b;
 }
 
 // Multiplies every gradient by inv_scale (none: a check only, nothing
-// written) and returns, per GradRef, whether it held an inf/NaN. CPU flags
-// come from the fused pass; other devices are read back once per device (one
-// host sync), and only a device that reports an overflow is checked tensor by
-// tensor.
+// written) and returns, per GradRef, whether it held an inf/NaN: the flags of
+// torchamp's fused CPU pass.
 std::vector<uint8_t> unscale_buckets(Buckets& b, size_t n, std::optional<float> inv_scale) {
   std::vector<uint8_t> found(n, 0);
   std::vector<uint8_t> cpu_found;
   if (kernels::unscale_cpu_(b.cpu, inv_scale.value_or(1.0f), &cpu_found)) {
     for (size_t i = 0; i < cpu_found.size(); ++i) {
       found[b.cpu_ref[i]] = cpu_found[i];
-    }
-  }
-  if (b.device_ref.empty()) {
-    return found;
-  }
-  std::vector<at::Tensor> device_found;
-  auto flag_for = [&device_found](c10::Device device) -> at::Tensor& {
-    for (at::Tensor& flag : device_found) {
-      if (flag.device() == device) {
-        return flag;
-      }
-    }
-    device_found.push_back(zero_flag(device));
-    return device_found.back();
-  };
-  // CUDA: ATen's fused kernel per (device, dtype) bucket.
-  for (auto& [key, bucket] : b.cuda) {
-    const c10::Device device(c10::DeviceType::CUDA, key.first);
-    const at::Tensor inv = at::full({1}, inv_scale.value_or(1.0f),
-                                    at::TensorOptions().dtype(at::kFloat).device(device));
-    at::_amp_foreach_non_finite_check_and_unscale_(bucket, flag_for(device), inv);
-  }
-  // Any other device (and CUDA bfloat16): plain ATen ops per tensor, the same
-  // arithmetic (bfloat16 in float32, rounded once).
-  for (at::Tensor& grad : b.other) {
-    flag_for(grad.device()).logical_or_(at::isfinite(grad).logical_not().any());
-    if (!inv_scale) {
-      continue;
-    }
-    if (grad.scalar_type() == at::kBFloat16) {
-      grad.copy_(grad.to(at::kFloat).mul_(static_cast<double>(*inv_scale)));
-    } else {
-      grad.mul_(static_cast<double>(*inv_scale));
-    }
-  }
-  for (const at::Tensor& flag : device_found) {
-    if (flag.item<float>() == 0.0f) {
-      continue;
-    }
-    // inf/NaN stay inf/NaN through the multiply: find the tensors.
-    for (const auto& [grad, r] : b.device_ref) {
-      if (grad.device() == flag.device() && !at::isfinite(grad).all().item<bool>()) {
-        found[r] = 1;
-      }
     }
   }
   return found;
@@ -188,11 +133,7 @@ std::vector<at::Tensor> unscale_on_devices(const std::vector<GradRef>& grads,
     return found.back();
   };
   for (const GradRef& ref : grads) {
-    at::Tensor grad = ref.param.grad();
-    if (grad.is_sparse()) {
-      ref.param.mutable_grad() = grad.coalesce();
-      grad = ref.param.grad()._values();
-    }
+    const at::Tensor grad = values_of(ref);
     flag_for(grad.device());
     auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
       return g.device == grad.device() && g.dtype == grad.scalar_type();

@@ -1,21 +1,19 @@
 #pragma once
 
-// The GradScaler's general unscale path (not installed): every gradient
-// validated with typed errors, then grouped by device, CPU gradients through
-// torchamp's fused kernels, CUDA ones through ATen's
-// _amp_foreach_non_finite_check_and_unscale_, anything else (and CUDA
-// bfloat16) tensor by tensor with plain ATen ops. The cached CPU path is
-// grad_cache.h.
+// The GradScaler's general unscale paths (not installed): every gradient
+// validated with typed errors; on the host path (every gradient on the CPU)
+// through torchamp's fused kernels; on a scaler whose state lives on a device
+// per device and dtype through ATen's
+// _amp_foreach_non_finite_check_and_unscale_ (CUDA bfloat16 tensor by tensor
+// with plain ATen ops). The cached CPU path is grad_cache.h.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace torch {
@@ -48,19 +46,16 @@ std::vector<GradRef> checked_grads(torch::optim::Optimizer& optimizer, bool allo
 /// devices).
 double sum_squares(const std::vector<GradRef>& grads);
 
-/// Gradients grouped the way the kernels take them; *_ref map each tensor
-/// back to its position in the GradRef list.
+/// The host path's gradients, every one on the CPU, as torchamp's kernels
+/// take them (sparse ones coalesced, in the parameter, and their values
+/// taken); `cpu_ref` maps each back to its position in the GradRef list.
+/// Gradients on another device take unscale_on_devices: the scaler's state
+/// moves there.
 struct Buckets {
   std::vector<at::Tensor> cpu;
   std::vector<size_t> cpu_ref;
-  // CUDA buckets keyed by (device index, dtype); any other device as is.
-  std::map<std::pair<c10::DeviceIndex, at::ScalarType>, std::vector<at::Tensor>> cuda;
-  std::vector<at::Tensor> other;                          // other devices, and bfloat16 on CUDA
-  std::vector<std::pair<at::Tensor, size_t>> device_ref;  // every non-CPU tensor
 };
 
-/// Groups the gradients; sparse ones are coalesced (in the parameter) and
-/// their values taken.
 Buckets bucket_grads(const std::vector<GradRef>& grads);
 
 /// Multiplies every gradient by `inv_scale` (none: a check only, nothing
