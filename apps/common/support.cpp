@@ -1,5 +1,6 @@
 #include "support.h"
 
+#include <torchamp/autocast.h>
 #include <torchamp/optim.h>
 
 #include <ATen/Parallel.h>
@@ -199,6 +200,50 @@ std::optional<OptionDifference> differing_option(const Options& a, const Options
 std::string first_difference(const Options& a, const Options& b) {
   const auto d = differing_option(a, b, "(none)");
   return d ? d->key + ": " + d->a + " vs " + d->b : "";
+}
+
+std::string cpu_half_precision_support() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string flags;
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) {  // x86, Arm
+      flags = " " + line.substr(line.find(':') + 1) + " ";
+      break;
+    }
+  }
+  auto has = [&flags](const char* flag) {
+    return flags.find(std::string(" ") + flag + " ") != std::string::npos;
+  };
+  std::string named;
+  const std::pair<const char*, const char*> kHalfFlags[] = {
+      {"amx_bf16", "AMX-BF16"},        {"amx_fp16", "AMX-FP16"}, {"avx512_bf16", "AVX-512 BF16"},
+      {"avx512_fp16", "AVX-512 FP16"}, {"bf16", "BF16"},         {"asimdhp", "FP16"}};
+  for (const auto& [flag, name] : kHalfFlags) {
+    if (has(flag)) {
+      named += (named.empty() ? "" : ", ") + std::string(name);
+    }
+  }
+  if (named.empty()) {
+    named = has("avx512f")  ? "AVX-512 without BF16 or FP16"
+            : has("avx2")   ? "AVX2 only"
+            : flags.empty() ? "unknown"
+                            : "no AVX2";
+  }
+  const bool bf16 = torchamp::cpu_has_fast(at::kBFloat16);
+  const bool fp16 = torchamp::cpu_has_fast(at::kHalf);
+  return named + ": " +
+         (bf16 && fp16 ? "bfloat16 and float16 matmuls native"
+          : bf16       ? "bfloat16 matmuls native, float16 not"
+          : fp16       ? "float16 matmuls native, bfloat16 not"
+                       : "neither bfloat16 nor float16 matmuls native");
+}
+
+std::string default_data(const std::string& name, const std::string& built) {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::filesystem::path installed =
+      exe.parent_path().parent_path() / "share" / "torchamp" / name;
+  return !ec && std::filesystem::exists(installed) ? installed.string() : built;
 }
 
 bool have_gnuplot() {

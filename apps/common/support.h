@@ -75,6 +75,17 @@ const T& find_named(const std::vector<T>& all, const std::string& name, const ch
   throw std::invalid_argument(std::string("unknown ") + what + " '" + name + "'");
 }
 
+/// This CPU's native matrix instructions for bfloat16 and float16, for a
+/// banner: "AMX-BF16, AVX-512 BF16: bfloat16 matmuls native, float16 not"
+/// or "AVX2 only: neither bfloat16 nor float16 matmuls native" (the flags of
+/// Linux's /proc/cpuinfo; torchamp::cpu_has_fast decides "native").
+std::string cpu_half_precision_support();
+
+/// The file an app reads without --data: the one installed beside the
+/// program (<prefix>/share/torchamp/<name>, for <prefix>/bin/<program>),
+/// else `built` (the source or build tree's copy, its path compiled in).
+std::string default_data(const std::string& name, const std::string& built);
+
 /// Whether gnuplot is on PATH, and running a script with it (true on success).
 bool have_gnuplot();
 bool run_gnuplot(const std::string& script_path);

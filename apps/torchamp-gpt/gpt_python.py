@@ -3,7 +3,7 @@
 
 Usage: gpt_python.py RUN_DIR [--threads N] [--check] [--loss-atol A]
 
-Reads a torchamp-gpt run folder (options.txt, init.pt: the C++ side's
+Reads a torchamp-gpt run folder (options.txt, initial.pt: the C++ side's
 initial weights) and trains every CPU mode of it again with PyTorch's own
 torch.autocast, torch.optim.AdamW(fused=True) (nanoGPT's two groups) and
 torch.amp.GradScaler (fp16; GradScaler(enabled=False) elsewhere): the same
@@ -359,7 +359,7 @@ def main():
     if missing:
         print("this torch (%s) has no %s: nothing to compare with" % (torch.__version__, missing))
         return 77
-    init = load_from_cpp(os.path.join(args.run_dir, "init.pt"))
+    init = load_from_cpp(os.path.join(args.run_dir, "initial.pt"))
     chars, train, val = load_corpus(o["data"], o["context"])
     vocab = init["wte.weight"].size(0)
     print("gpt_python.py, torch %s: %d + %d characters (%d distinct); %d thread(s)%s"

@@ -5,18 +5,18 @@
 // a GPU is there). Standalone it is one process; under torchrun each rank
 // takes its slice of every batch (torchamp::DistributedDataParallel).
 
+#include "launch.h"
+#include "run_folder.h"
 #include "train.h"
 
-#include <torchamp/config.h>
+#include <torchamp/autocast.h>
 #include <torchamp/version.h>
-#if TORCHAMP_WITH_DISTRIBUTED
-#include <torchamp/process_group.h>
-#endif
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -125,10 +125,14 @@ bool plot(const fs::path& out) {
       }
     }
   }
+  const bool python_ran = std::any_of(titles.begin(), titles.end(), [](const std::string& t) {
+    return t.find("(Python)") != std::string::npos;
+  });
   std::ostringstream s;
   s << "set terminal pngcairo size 1000,560 font 'sans,11'\nset grid\nset key top right\n"
     << "set output '" << (out / "loss.png").string() << "'\n"
-    << "set title 'torchamp-gpt: training loss per step, per mode (C++ solid, Python dashed)'\n"
+    << "set title 'torchamp-gpt: training loss per step, per mode"
+    << (python_ran ? " (C++ solid, Python dashed)" : "") << "'\n"
     << "set xlabel 'step'\nset ylabel 'cross-entropy (batch)'\nplot ";
   for (size_t i = 0; i < titles.size(); ++i) {
     const bool python = titles[i].find("(Python)") != std::string::npos;
@@ -270,7 +274,7 @@ int parse(int argc, char** argv, Args& a) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--checkpoint-layers", c.model.checkpoint_layers,
                "Activation checkpointing per block (torchamp::checkpoint): less memory, more time");
-  c.data = TORCHAMP_GPT_DEFAULT_DATA;
+  c.data = torchamp_apps::default_data("kjv.txt", TORCHAMP_GPT_DEFAULT_DATA);
   app.add_option("--data", c.data, "Text file to train on")->capture_default_str();
   app.add_option("--out", a.out,
                  "Run folder (default runs/gpt-<date-time>/). One that holds a run of the same "
@@ -306,11 +310,6 @@ int parse(int argc, char** argv, Args& a) {
   return -1;
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v ? std::atoi(v) : fallback;
-}
-
 // Throws std::invalid_argument for what makes the run impossible; nothing is
 // written before this passes.
 void check(const Config& c) {
@@ -336,28 +335,6 @@ void check(const Config& c) {
   }
 }
 
-// The run folder: new, or one of the same options to continue. Returns the
-// checkpoint to resume from ("" for none); throws std::invalid_argument for
-// a folder of another run or of something else.
-std::string open_run_folder(const fs::path& out, const Config& c, bool& finished) {
-  finished = false;
-  if (!fs::exists(out) || fs::is_empty(out)) {
-    return "";
-  }
-  if (!fs::exists(out / "options.txt")) {
-    throw std::invalid_argument("--out " + out.string() +
-                                " is neither empty nor a torchamp-gpt run folder");
-  }
-  const auto diff = torchamp_apps::first_difference(
-      torchamp_apps::read_options((out / "options.txt").string()), c.to_options());
-  if (!diff.empty()) {
-    throw std::invalid_argument("--out " + out.string() + " holds a run of other options (" + diff +
-                                "; its options.txt vs this command's)");
-  }
-  finished = fs::exists(out / "finished");
-  return fs::exists(out / "checkpoint.pt") ? (out / "checkpoint.pt").string() : "";
-}
-
 int64_t skips_so_far(const fs::path& metrics, const std::string& mode) {
   int64_t n = 0;
   for (const auto& r : read_csv(metrics)) {
@@ -368,41 +345,19 @@ int64_t skips_so_far(const fs::path& metrics, const std::string& mode) {
   return n;
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> form_group(int world, double timeout_s) {
-  if (world <= 1) {
-    return {};
-  }
-#if TORCHAMP_WITH_DISTRIBUTED
-  try {
-    return torchamp::init_process_group(torchamp::ProcessGroupOptions().backend("gloo").timeout(
-        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000))));
-  } catch (const c10::ValueError& e) {  // the launch environment
-    throw std::invalid_argument(e.what_without_backtrace());
-  }
-#else
-  (void)timeout_s;
-  throw std::invalid_argument("WORLD_SIZE " + std::to_string(world) +
-                              ": this torchamp was built without process groups");
-#endif
-}
+const char* const kApp = "torchamp-gpt";
 
 // Rank 0's run folder: the options, the Python twin's inputs, and the two
 // logs, new or cut back to the checkpoint's position.
-std::unique_ptr<torchamp_apps::RunLogs> open_logs(const fs::path& out, const Config& c,
-                                                  int64_t vocab, bool resuming,
-                                                  const Position& start) {
-  fs::create_directories(out / "ranks");
-  torchamp_apps::write_options((out / "options.txt").string(), c.to_options());
-  // Not an option of the numbers: the Python twin's default thread count.
-  std::ofstream(out / "runtime.txt") << "threads=" << at::get_num_threads() << "\n";
-  save_initial((out / "init.pt").string(), c, vocab);
-  auto logs = std::make_unique<torchamp_apps::RunLogs>(out);
-  if (resuming) {
-    logs->resume(start);
+void set_up(torchamp_apps::RunFolder& folder, const Config& c, int64_t vocab) {
+  if (folder.continuing()) {
+    folder.resume();
   } else {
-    logs->start(kMetricsHeader, kSummaryHeader);
+    folder.start(c.to_options(), kMetricsHeader, kSummaryHeader);
   }
-  return logs;
+  // Not an option of the numbers: the Python twin's default thread count.
+  std::ofstream(folder.path("runtime.txt")) << "threads=" << at::get_num_threads() << "\n";
+  save_initial(folder.path(torchamp_apps::run_files::kInitial).string(), c, vocab);
 }
 
 // One mode's steps as they come: metrics.csv's rows (rank 0) and a progress
@@ -446,34 +401,56 @@ struct Progress {
 
 // Rank 0's record of a finished mode: summary.csv's row, its sample, and a
 // position past it (a resumed run never repeats it).
-void finished(const fs::path& out, torchamp_apps::RunLogs& logs, const Runtime& rt,
-              const ModeResult& r, int64_t mode_index) {
-  logs.summary() << r.mode << "," << cell(r.val_loss) << "," << cell(r.train_loss) << ","
-                 << r.skipped << "," << cell(r.final_scale) << "," << cell(r.tokens_per_s) << ","
-                 << cell(r.step_ms) << "," << cell(r.peak_rss_mb) << "," << cell(r.bytes_per_param)
-                 << "," << r.params << "," << r.weights << "," << cell(r.start_rss_mb) << "\n";
+void finished(torchamp_apps::RunFolder& folder, const Runtime& rt, const ModeResult& r,
+              int64_t mode_index) {
+  folder.logs().summary() << r.mode << "," << cell(r.val_loss) << "," << cell(r.train_loss) << ","
+                          << r.skipped << "," << cell(r.final_scale) << "," << cell(r.tokens_per_s)
+                          << "," << cell(r.step_ms) << "," << cell(r.peak_rss_mb) << ","
+                          << cell(r.bytes_per_param) << "," << r.params << "," << r.weights << ","
+                          << cell(r.start_rss_mb) << "\n";
   Position next{mode_index + 1, 0, 0, 0, {}};
   rt.bookmark(next);
   torchamp_apps::save_position(rt.checkpoint_path, next);
-  std::ofstream(out / ("sample-" + r.mode + ".txt")) << r.sample << "\n";
+  std::ofstream(folder.path("sample-" + r.mode + ".txt")) << r.sample << "\n";
+}
+
+// Before a mode that will run far slower than fp32 on this CPU: why.
+void say_if_slow(const Mode& m) {
+  if (m.device != c10::kCPU) {
+    return;
+  }
+  for (const auto dtype : {m.autocast.value_or(m.params), m.params}) {
+    if ((dtype == at::kBFloat16 || dtype == at::kHalf) && !torchamp::cpu_has_fast(dtype)) {
+      std::cout << m.name << ": this CPU has no native "
+                << (dtype == at::kBFloat16 ? "bfloat16" : "float16")
+                << " matmuls, so ATen's run several times slower than float32's (5x per step "
+                   "on an AVX2-only EPYC): expect this mode to take far longer than fp32\n";
+      return;
+    }
+  }
+}
+
+// Every rank's record of the weights each mode ended with (ranks/rank<r>.csv).
+void log_weights(const torchamp_apps::RunFolder& folder, int rank, const ModeResult& r) {
+  torchamp_apps::RankLog log(folder.rank_log(rank), "mode,weights");
+  log.append();
+  log.out() << r.mode << "," << r.weights << "\n";
+  log.flush();
 }
 
 int train(Args& a) {
   Config& c = a.config;
-  c.world = env_int("WORLD_SIZE", 1);
-  const int rank = env_int("RANK", 0);
+  const auto env = torchamp_apps::LaunchEnv::from_environment();
+  c.world = env.world;
   check(c);
   const Corpus corpus = Corpus::load(c.data, c.model.context, c.vocab);
-  if (a.out.empty()) {
-    a.out = torchamp_apps::timestamped("runs/gpt-");
-  }
-  const fs::path out = a.out;
-  bool finished_before = false;
-  const std::string resume = open_run_folder(out, c, finished_before);
-  if (finished_before) {
-    std::cout << "torchamp-gpt: " << out.string() << " holds a finished run of these options\n";
-    if (rank == 0) {
-      report(out);
+  auto folder = torchamp_apps::RunFolder::open(
+      a.out.empty() ? torchamp_apps::timestamped("runs/gpt-") : a.out, c.to_options(), kApp);
+  if (folder.finished(c.modes.size())) {
+    if (env.rank == 0) {
+      std::cout << "torchamp-gpt: the run in " << folder.dir().string()
+                << " has finished; nothing to do. Its results:\n";
+      report(folder.dir());
     }
     return 0;
   }
@@ -482,53 +459,59 @@ int train(Args& a) {
   }
   const bool pinned = c.deterministic && torchamp_apps::pin_mkl_to_one_thread();
   Runtime rt;
-  rt.group = form_group(c.world, a.timeout_s);
-  rt.rank = rank;
+  rt.group = torchamp_apps::form_group(
+      env, std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000)));
+  rt.rank = env.rank;
   rt.checkpoint_every = a.checkpoint_every;
-  rt.checkpoint_path = (out / "checkpoint.pt").string();
+  rt.checkpoint_path = folder.checkpoint();
   rt.sample_chars = a.sample_chars;
-  const Position start = resume.empty() ? Position{} : torchamp_apps::read_position(resume);
-  const auto logs =
-      rank == 0 ? open_logs(out, c, std::max(c.vocab, corpus.vocab_size()), !resume.empty(), start)
-                : nullptr;
+  const bool root = env.rank == 0;
+  if (root) {
+    set_up(folder, c, std::max(c.vocab, corpus.vocab_size()));
+  }
+  const Position& start = folder.position();
+  const std::string resume = folder.mid_mode() ? folder.checkpoint() : "";
   std::cout << "torchamp-gpt " << TORCHAMP_VERSION << ": " << corpus.train.size(0) << " + "
             << corpus.val.size(0) << " characters (" << corpus.vocab_size() << " distinct) from "
             << c.data << "; " << c.model.layers << " layers, d " << c.model.d_model << ", "
             << c.model.heads << " heads, context " << c.model.context << "; batch " << c.batch_size
             << " x " << c.accum << " x " << c.world << " rank(s); " << at::get_num_threads()
-            << " thread(s)" << (pinned ? ", MKL pinned to one" : "") << "\n";
+            << " thread(s)" << (pinned ? ", MKL pinned to one" : "")
+            << "\nCPU: " << torchamp_apps::cpu_half_precision_support() << "\n";
   if (!resume.empty()) {
     std::cout << "resuming at mode " << start.mode_index + 1 << "/" << c.modes.size() << ", step "
               << start.step << " from " << resume << "\n";
   }
   const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(1, c.steps / 10);
   rt.bookmark = [&](Position& p) {
-    if (logs) {
-      logs->bookmark(p);
+    if (root) {
+      folder.logs().bookmark(p);
     }
   };
   std::vector<std::string> samples;
   for (int64_t i = start.mode_index; i < static_cast<int64_t>(c.modes.size()); ++i) {
     const std::string& name = c.modes[static_cast<size_t>(i)];
-    const bool here = i == start.mode_index && start.step > 0;
-    Progress progress{c, logs.get(), log_every};
-    progress.skipped = here && logs ? skips_so_far(out / "metrics.csv", name) : 0;
+    const bool here = i == start.mode_index && !resume.empty();
+    if (root) {
+      say_if_slow(find_mode(name));
+    }
+    Progress progress{c, root ? &folder.logs() : nullptr, log_every};
+    progress.skipped = here && root ? skips_so_far(folder.path("metrics.csv"), name) : 0;
     rt.on_step = [&](const StepRow& r) { progress(r); };
     ModeResult r = train_mode(corpus, c, i, rt, here ? resume : "");
     r.skipped = progress.skipped;
-    std::ofstream(out / "ranks" / ("rank" + std::to_string(rank) + ".txt"), std::ios::app)
-        << r.mode << " " << r.weights << "\n";
-    if (logs) {
-      finished(out, *logs, rt, r, i);
+    log_weights(folder, env.rank, r);
+    if (root) {
+      finished(folder, rt, r, i);
       samples.push_back(r.mode + ":\n" + r.sample);
     }
   }
-  if (!logs) {
+  if (!root) {
     return 0;
   }
-  logs->metrics().close();
-  logs->summary().close();
-  std::ofstream(out / "finished") << "1\n";
+  folder.logs().metrics().close();
+  folder.logs().summary().close();
+  folder.mark_finished();
   if (a.sample_chars > 0) {
     std::cout << "\nWhat each model writes (" << a.sample_chars << " characters after a newline, "
               << "temperature 0.8):\n";
@@ -536,8 +519,8 @@ int train(Args& a) {
       std::cout << "--- " << s << "\n";
     }
   }
-  report(out);
-  std::cout << "\nrun folder: " << out.string() << "\n";
+  report(folder.dir());
+  std::cout << "\nrun folder: " << folder.dir().string() << "\n";
   return 0;
 }
 

@@ -3,7 +3,7 @@
 
 Usage: compare_python.py RUN_DIR [--check] [--loss-rtol R]
 
-Reads a torchamp-train run folder (config.txt, initial.pt: the C++ side's
+Reads a torchamp-train run folder (options.txt, initial.pt: the C++ side's
 initial weights and split, metrics.csv, summary.csv), trains every CPU mode of
 it again with PyTorch's own torch.autocast and torch.amp.GradScaler("cpu")
 (and fused=True optimizers where the C++ run used torchamp's fused ones),
@@ -42,7 +42,9 @@ def load_from_cpp(path):
 
 
 def read_config(run_dir):
-    with open(os.path.join(run_dir, "config.txt")) as f:
+    # options.txt; config.txt in a folder written before the apps shared one.
+    name = "options.txt" if os.path.exists(os.path.join(run_dir, "options.txt")) else "config.txt"
+    with open(os.path.join(run_dir, name)) as f:
         return dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
 
 

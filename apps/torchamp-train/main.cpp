@@ -9,6 +9,7 @@
 
 #include "data.h"
 #include "parallel.h"
+#include "run_folder.h"
 #include "train.h"
 
 #include <c10/util/Exception.h>
@@ -89,18 +90,6 @@ class ProgressPrinter {
   std::chrono::steady_clock::time_point start_;
 };
 
-// The data path when --data is not given: the repository's copy, else the
-// one installed beside the program (<prefix>/share/torchamp/).
-std::string default_data_path() {
-  if (fs::exists(TORCHAMP_TRAIN_DEFAULT_DATA)) {
-    return TORCHAMP_TRAIN_DEFAULT_DATA;
-  }
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  const fs::path installed = exe.parent_path().parent_path() / "share/torchamp/digits.csv.gz";
-  return !ec && fs::exists(installed) ? installed.string() : TORCHAMP_TRAIN_DEFAULT_DATA;
-}
-
 std::string percent(double f) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f%%", 100.0 * f);
@@ -114,149 +103,84 @@ const char* const kSummaryHeader =
 using torchamp_apps::g17;
 using torchamp_apps::Options;
 
-// The files of a run folder: config.txt (the settings), metrics.csv (a row
-// per step, appended as the run goes), summary.csv (a row per finished mode),
-// checkpoint.pt, initial.pt (the initial weights and the split, for Python).
-class RunFolder {
- public:
-  explicit RunFolder(fs::path dir) : dir_(std::move(dir)), logs_(dir_) {}
+const char* const kApp = "torchamp-train";
 
-  fs::path path(const char* name) const { return dir_ / name; }
-  std::string checkpoint() const { return path("checkpoint.pt").string(); }
+using torchamp_apps::RankLog;
+using torchamp_apps::RunFolder;
+using torchamp_apps::RunLogs;
 
-  // A fresh run: the settings and the two CSV headers; an older run's
-  // checkpoint and rank logs in the same folder are removed.
-  void start(const Config& config) {
-    fs::create_directories(dir_);
-    torchamp_apps::write_options(path("config.txt").string(), config.to_map());
-    fs::remove(checkpoint());
-    fs::remove_all(path("ranks"));  // an earlier run's, perhaps on more processes
-    std::string metrics =
-        "step,mode,loss,scale,skipped,underflow_fraction,subnormal_fraction,epoch,test_accuracy";
-    for (const auto& name : activation_names(find_task(config.task))) {
-      metrics += ",underflow_" + name;
-    }
-    logs_.start(metrics, kSummaryHeader);
+// metrics.csv: a row per step, with the underflow of each of the task's
+// activations.
+std::string metrics_header(const Config& config) {
+  std::string metrics =
+      "step,mode,loss,scale,skipped,underflow_fraction,subnormal_fraction,epoch,test_accuracy";
+  for (const auto& name : activation_names(find_task(config.task))) {
+    metrics += ",underflow_" + name;
   }
+  return metrics;
+}
 
-  // Continuing at `p`: whatever the killed process wrote after its last
-  // checkpoint goes.
-  void resume(const Position& p) { logs_.resume(p); }
-
-  Options read_config() const {
-    if (!fs::exists(path("config.txt"))) {
-      throw std::runtime_error("--resume: no config.txt in " + dir_.string() +
-                               " (not a torchamp-train run folder)");
-    }
-    return torchamp_apps::read_options(path("config.txt").string());
+void write_step(RunLogs& logs, const std::string& mode, const StepRecord& r) {
+  auto& m = logs.metrics();
+  m << r.step << "," << mode << "," << r.loss << "," << r.scale << "," << r.skipped << ","
+    << r.underflow << "," << r.subnormal << "," << r.epoch << ",";
+  if (!std::isnan(r.test_accuracy)) {
+    m << r.test_accuracy;
   }
-
-  void step(const std::string& mode, const StepRecord& r) {
-    auto& m = logs_.metrics();
-    m << r.step << "," << mode << "," << r.loss << "," << r.scale << "," << r.skipped << ","
-      << r.underflow << "," << r.subnormal << "," << r.epoch << ",";
-    if (!std::isnan(r.test_accuracy)) {
-      m << r.test_accuracy;
-    }
-    for (const double u : r.layer_underflow) {
-      m << "," << u;
-    }
-    m << "\n";
+  for (const double u : r.layer_underflow) {
+    m << "," << u;
   }
+  m << "\n";
+}
 
-  void finished(const ModeSummary& m) {
-    logs_.summary() << m.mode << "," << (m.scaled ? 1 : 0) << "," << g17(m.final_loss) << ","
-                    << g17(m.test_accuracy) << "," << m.skipped << "," << g17(m.final_scale) << ","
-                    << g17(m.underflow) << "," << g17(m.subnormal) << "," << g17(m.seconds) << ","
-                    << g17(m.step_ms) << "," << g17(m.train_step_ms) << ","
-                    << g17(m.bytes_per_param) << "," << g17(m.peak_rss_mb) << "\n";
-  }
+void write_summary(RunLogs& logs, const ModeSummary& m) {
+  logs.summary() << m.mode << "," << (m.scaled ? 1 : 0) << "," << g17(m.final_loss) << ","
+                 << g17(m.test_accuracy) << "," << m.skipped << "," << g17(m.final_scale) << ","
+                 << g17(m.underflow) << "," << g17(m.subnormal) << "," << g17(m.seconds) << ","
+                 << g17(m.step_ms) << "," << g17(m.train_step_ms) << "," << g17(m.bytes_per_param)
+                 << "," << g17(m.peak_rss_mb) << "\n";
+}
 
-  // Flushes both logs and records their sizes (a checkpoint's bookmark).
-  void bookmark(Position& p) { logs_.bookmark(p); }
-
-  std::vector<ModeSummary> summaries() {
-    std::vector<ModeSummary> all;
-    for (const auto& v : logs_.summary_rows()) {
-      if (v.size() != 13) {
-        std::string line;
-        for (const auto& cell : v) {
-          line += (line.empty() ? "" : ",") + cell;
-        }
-        throw std::runtime_error("malformed summary.csv line: " + line);
+std::vector<ModeSummary> read_summaries(RunLogs& logs) {
+  std::vector<ModeSummary> all;
+  for (const auto& v : logs.summary_rows()) {
+    if (v.size() != 13) {
+      std::string line;
+      for (const auto& cell : v) {
+        line += (line.empty() ? "" : ",") + cell;
       }
-      ModeSummary m;
-      m.mode = v[0];
-      m.scaled = v[1] == "1";
-      m.final_loss = std::stod(v[2]);
-      m.test_accuracy = std::stod(v[3]);
-      m.skipped = std::stoll(v[4]);
-      m.final_scale = std::stod(v[5]);
-      m.underflow = std::stod(v[6]);
-      m.subnormal = std::stod(v[7]);
-      m.seconds = std::stod(v[8]);
-      m.step_ms = std::stod(v[9]);
-      m.train_step_ms = std::stod(v[10]);
-      m.bytes_per_param = std::stod(v[11]);
-      m.peak_rss_mb = std::stod(v[12]);
-      all.push_back(m);
+      throw std::runtime_error("malformed summary.csv line: " + line);
     }
-    return all;
+    ModeSummary m;
+    m.mode = v[0];
+    m.scaled = v[1] == "1";
+    m.final_loss = std::stod(v[2]);
+    m.test_accuracy = std::stod(v[3]);
+    m.skipped = std::stoll(v[4]);
+    m.final_scale = std::stod(v[5]);
+    m.underflow = std::stod(v[6]);
+    m.subnormal = std::stod(v[7]);
+    m.seconds = std::stod(v[8]);
+    m.step_ms = std::stod(v[9]);
+    m.train_step_ms = std::stod(v[10]);
+    m.bytes_per_param = std::stod(v[11]);
+    m.peak_rss_mb = std::stod(v[12]);
+    all.push_back(m);
   }
+  return all;
+}
 
-  // metrics.csv's rows, for the plots.
-  std::vector<std::vector<std::string>> metrics() { return logs_.metrics_rows(); }
-
- private:
-  fs::path dir_;
-  torchamp_apps::RunLogs logs_;
-};
-
-// Each rank's own record of its steps, ranks/rank<r>.csv: whether its own
+// Each rank's own record of its steps (ranks/rank<r>.csv): whether its own
 // gradients held an inf/NaN and whether the step was skipped (on every rank
 // the same, when the group agrees), so the ranks' decisions can be compared.
-class RankLog {
- public:
-  RankLog(const fs::path& dir, int rank)
-      : path_(dir / "ranks" / ("rank" + std::to_string(rank) + ".csv")) {}
+RankLog rank_log_of(const RunFolder& folder, int rank) {
+  return RankLog(folder.rank_log(rank), "mode,step,found_inf_here,skipped,scale,loss");
+}
 
-  void start() {
-    fs::create_directories(path_.parent_path());
-    std::ofstream(path_) << "mode,step,found_inf_here,skipped,scale,loss\n";
-    open();
-  }
-  // Back to its size at the checkpoint (what this rank wrote after it goes).
-  void resume(const Position& p, int rank) {
-    if (static_cast<size_t>(rank) < p.rank_log_bytes.size() && fs::exists(path_)) {
-      fs::resize_file(path_, static_cast<uintmax_t>(p.rank_log_bytes[static_cast<size_t>(rank)]));
-      open();
-    } else {
-      start();  // a run from before rank logs
-    }
-  }
-  void step(const std::string& mode, const StepRecord& r) {
-    log_ << mode << "," << r.step << "," << (r.found_inf_here ? 1 : 0) << ","
-         << (r.skipped_here ? 1 : 0) << "," << r.scale << "," << r.loss << "\n";
-  }
-  int64_t flush() {
-    log_.flush();
-    if (!log_) {
-      throw std::runtime_error("cannot write " + path_.string());
-    }
-    return static_cast<int64_t>(fs::file_size(path_));
-  }
-
- private:
-  void open() {
-    log_.open(path_, std::ios::app);
-    log_ << std::setprecision(9);
-    if (!log_) {
-      throw std::runtime_error("cannot open " + path_.string());
-    }
-  }
-  fs::path path_;
-  std::ofstream log_;
-};
+void write_rank_step(RankLog& log, const std::string& mode, const StepRecord& r) {
+  log.out() << mode << "," << r.step << "," << (r.found_inf_here ? 1 : 0) << ","
+            << (r.skipped_here ? 1 : 0) << "," << r.scale << "," << r.loss << "\n";
+}
 
 void print_table(std::ostream& os, const std::vector<ModeSummary>& results) {
   os << "\n| mode | final train loss | test accuracy | skipped steps | final scale "
@@ -403,7 +327,7 @@ struct Args {
   std::string parallel_mode = "data";
   double timeout_s = 300;
   bool lr_given = false, modes_given = false;
-  std::set<std::string> given;  // the Config keys (config.txt's) given on the command line
+  std::set<std::string> given;  // the Config keys (options.txt's) given on the command line
 };
 
 // Parses argv into `a`; returns -1 to go on, else the exit code.
@@ -412,7 +336,7 @@ int parse(int argc, char** argv, Args& a) {
       "torchamp-train: mixed-precision training on the UCI handwritten digits, once per "
       "precision mode, comparing float32, float16 without and with loss scaling, and bfloat16."};
   Config& config = a.config;
-  config.data = default_data_path();
+  config.data = torchamp_apps::default_data("digits.csv.gz", TORCHAMP_TRAIN_DEFAULT_DATA);
   config.modes = default_modes();
   int64_t seed = 0;
   std::vector<std::string> task_names;
@@ -508,7 +432,7 @@ int parse(int argc, char** argv, Args& a) {
 
 // The launch environment's and the task's settings where the command line
 // gives none.
-void complete(Config& config, const Args& a, const LaunchEnv& env) {
+void complete(Config& config, const Args& a, const torchamp_apps::LaunchEnv& env) {
   config.world_size = env.world;
   config.parallel = env.world > 1 ? a.parallel_mode : "none";
   const Task& task = find_task(config.task);
@@ -530,13 +454,13 @@ void complete(Config& config, const Args& a, const LaunchEnv& env) {
 
 // --resume: the run's own settings; an option given here must agree with them.
 Config adopt_saved(const Args& a, const RunFolder& folder, int world) {
-  const Options saved = folder.read_config();
+  const Options& saved = folder.saved_options();
   for (const auto& [key, value] : a.config.to_map()) {
     const auto it = saved.find(key);
     if (a.given.count(key) > 0 && (it == saved.end() || it->second != value)) {
       throw UsageError("--resume: --" + key + " is " + value + " here but " +
                        (it == saved.end() ? std::string("absent") : it->second) + " in " +
-                       a.resume_dir + "/config.txt");
+                       a.resume_dir + "/" + torchamp_apps::run_files::kOptions);
     }
   }
   Config config = Config::from_map(saved);
@@ -544,22 +468,10 @@ Config adopt_saved(const Args& a, const RunFolder& folder, int world) {
   if (config.world_size != world) {
     throw UsageError("--resume: the run in " + a.resume_dir + " ran on " +
                      std::to_string(config.world_size) +
-                     " process(es) (world-size in its config.txt), this one on " +
+                     " process(es) (world-size in its options), this one on " +
                      std::to_string(world) + ": resume with the same number");
   }
   return config;
-}
-
-// --out on a run folder: every setting must be the run's (another one would
-// mix two runs).
-void check_same_run(const RunFolder& folder, const fs::path& run_dir, const Config& config) {
-  // Both ways; a key one lacks reads as unset.
-  if (const auto d = torchamp_apps::differing_option(folder.read_config(), config.to_map(), "")) {
-    throw UsageError("--out: " + run_dir.string() + " holds a run whose --" + d->key + " is " +
-                     (d->a.empty() ? "unset" : d->a) + ", but this one's is " +
-                     (d->b.empty() ? "unset" : d->b) +
-                     ": give its options to continue it, or another --out");
-  }
 }
 
 // The modes this LibTorch and machine run, and the processes the network
@@ -637,50 +549,54 @@ void print_banner(const Config& config, const RunFolder& folder, const Parallel&
             << std::endl;  // before anything can kill the process
 }
 
-// Trains the modes from `position` on, every rank; rank 0 writes the logs,
-// the checkpoints and the progress.
+// Trains the modes from the folder's position on, every rank; rank 0
+// writes the logs, the checkpoints and the progress.
 void train_modes(const Config& config, const Dataset& train, const Dataset& test, RunFolder& folder,
-                 RankLog& rank_log, const Parallel& parallel, const Position& position,
-                 const std::string& resume_from, int64_t checkpoint_every) {
+                 RankLog& rank_log, const Parallel& parallel, int64_t checkpoint_every) {
   const bool root = parallel.rank() == 0;
   ProgressPrinter printer(isatty(STDOUT_FILENO) != 0, config.epochs);
   Hooks hooks;
   hooks.step = [&](const std::string& mode, const StepRecord& r, int64_t total) {
-    rank_log.step(mode, r);
+    write_rank_step(rank_log, mode, r);
     if (root) {
-      folder.step(mode, r);
+      write_step(folder.logs(), mode, r);
       printer(mode, r, total);
     }
   };
   hooks.bookmark = [&](Position& p) {  // a collective: every rank's log size
     if (root) {
-      folder.bookmark(p);
+      folder.logs().bookmark(p);
     }
     p.rank_log_bytes = parallel.all_gather(rank_log.flush());
   };
   hooks.checkpoint_every = checkpoint_every;
   hooks.checkpoint_path = folder.checkpoint();
+  const Position& position = folder.position();
+  const std::string resume_from = folder.mid_mode() ? folder.checkpoint() : "";
   for (auto i = position.mode_index; i < static_cast<int64_t>(config.modes.size()); ++i) {
     const ModeSummary done = train_mode(i, train, test, config, hooks,
                                         i == position.mode_index ? resume_from : "", parallel);
     // Always (it is small): a resumed run never repeats a finished mode.
     Position next{i + 1, 0, 0, 0, {}};
     if (root) {
-      folder.finished(done);
+      write_summary(folder.logs(), done);
     }
     hooks.bookmark(next);
     if (root) {
       save_position(folder.checkpoint(), next);
     }
   }
+  if (root) {
+    folder.mark_finished();
+  }
 }
 
 // The table and the plots of a run folder's finished modes.
 void report(RunFolder& folder, const Config& config) {
-  const std::vector<ModeSummary> results = folder.summaries();
+  const std::vector<ModeSummary> results = read_summaries(folder.logs());
   print_table(std::cout, results);
   std::cout << "\nwrote " << folder.path("metrics.csv").string() << " and summary.csv\n";
-  if (plot(folder.path(""), config, folder.metrics(), results)) {
+  if (plot(folder.dir(), config, folder.logs().metrics_rows(), results)) {
     std::cout << "wrote loss.png, scale.png, accuracy.png, underflow.png and "
                  "underflow-layers.png there\n";
   } else {
@@ -689,92 +605,82 @@ void report(RunFolder& folder, const Config& config) {
   }
 }
 
-Parallel form_group(const LaunchEnv& env, const Config& config, double timeout_s,
-                    const GroupMaker& make_group) {
-  if (env.world <= 1) {
-    return Parallel();
+// The run folder: --resume's (its options adopted), or --out's (one rule
+// with every app: new, or a run of these options to continue).
+RunFolder open_folder(const Args& a, Config& config, int world) {
+  if (!a.resume_dir.empty()) {
+    RunFolder folder = RunFolder::existing(a.resume_dir, kApp);
+    config = adopt_saved(a, folder, world);
+    check_runnable(config, a, world);
+    return folder;
   }
-  try {
-    return make_group(env, config.parallel,
-                      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-  } catch (const std::invalid_argument& e) {  // the launch environment
-    throw UsageError(std::string("error: ") + e.what());
+  // Every rank knows the same folder: without --out, rank 0's clock names
+  // it (all ranks start within a second, but need not agree on which).
+  if (a.out_dir.empty() && world > 1) {
+    throw UsageError("error: on more than one process give --out (or --resume)");
   }
+  config = a.config;
+  check_runnable(config, a, world);
+  const fs::path dir =
+      a.out_dir.empty() ? fs::path(torchamp_apps::timestamped("runs/")) : fs::path(a.out_dir);
+  return RunFolder::open(dir, config.to_map(), kApp);
 }
 
 // The run after the command line: its folder (new, or one to continue), the
 // checks, the group, the modes and the report.
-int train(Args& a, const LaunchEnv& env, const GroupMaker& make_group) {
-  const bool resume_given = !a.resume_dir.empty();
-  // Every rank knows the same folder: without --out, rank 0's clock names
-  // it (all ranks start within a second, but need not agree on which).
-  if (!resume_given && a.out_dir.empty() && env.world > 1) {
-    throw UsageError("error: on more than one process give --out (or --resume)");
-  }
-  const fs::path run_dir = resume_given        ? fs::path(a.resume_dir)
-                           : a.out_dir.empty() ? fs::path(torchamp_apps::timestamped("runs/"))
-                                               : fs::path(a.out_dir);
-  RunFolder folder(run_dir);
-  // --out on a run folder: the same command line again (a torchrun restart
-  // after a failure, or a user's); it continues where the run stopped.
-  const bool out_has_run =
-      !resume_given && !a.out_dir.empty() && fs::exists(run_dir / "config.txt");
-  const bool resuming = resume_given || out_has_run;
-  Config config = resume_given ? adopt_saved(a, folder, env.world) : a.config;
+int train(Args& a, const torchamp_apps::LaunchEnv& env) {
+  Config config;
+  RunFolder folder = open_folder(a, config, env.world);
   const bool mkl_pinned = config.deterministic && pin_mkl_to_one_thread();
-  check_runnable(config, a, env.world);
   const Dataset all = load_digits(config.data);
   const auto [train, test] = split(all, 0.2, config.seed);
-  if (out_has_run) {
-    check_same_run(folder, run_dir, config);
-  }
-  Position position;  // where a resumed run continues
-  if (resuming && fs::exists(folder.checkpoint())) {
-    position = read_position(folder.checkpoint());
-  }
-  if (resuming && position.mode_index >= static_cast<int64_t>(config.modes.size())) {
+  if (folder.finished(config.modes.size())) {
     if (env.rank == 0) {
-      std::cout << "torchamp-train: the run in " << run_dir.string() << " has finished ("
+      std::cout << "torchamp-train: the run in " << folder.dir().string() << " has finished ("
                 << (config.modes.size() == 1
                         ? std::string("its one mode")
                         : "all " + std::to_string(config.modes.size()) + " modes")
                 << " done); nothing to do. Its results (" << folder.path("summary.csv").string()
                 << "):\n";
-      print_table(std::cout, folder.summaries());
+      print_table(std::cout, read_summaries(folder.logs()));
     }
     return 0;
   }
   check_shares(config, env.world, train.x.size(0));
-  const Parallel parallel = form_group(env, config, a.timeout_s, make_group);
+  const Parallel parallel =
+      env.world <= 1
+          ? Parallel()
+          : form_parallel(env, config.parallel,
+                          std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000)));
   // Rank 0 sets up the folder; the others write their logs into it only
   // after (a collective is the barrier).
   const bool root = parallel.rank() == 0;  // writes the table, logs, plots and checkpoints
-  const bool continuing = resuming && position.metrics_bytes > 0;
+  const bool continuing = folder.continuing();
   if (root && continuing) {
-    folder.resume(position);
+    folder.resume();
   } else if (root) {
-    folder.start(config);
-    save_initial(folder.path("initial.pt").string(), config, train, test);
+    folder.start(config.to_map(), metrics_header(config), kSummaryHeader);
+    save_initial(folder.path(torchamp_apps::run_files::kInitial).string(), config, train, test);
   }
   parallel.all_gather(0);
-  RankLog rank_log(folder.path(""), parallel.rank());
+  RankLog rank_log = rank_log_of(folder, parallel.rank());
   if (continuing) {
-    rank_log.resume(position, parallel.rank());
+    rank_log.resume(folder.position(), parallel.rank());
   } else {
     rank_log.start();
   }
   if (root) {
+    const Position& p = folder.position();
     const std::string resume_line =
-        continuing ? "resuming at mode " + std::to_string(position.mode_index + 1) + "/" +
-                         std::to_string(config.modes.size()) + ", step " +
-                         std::to_string(position.step) + "\n"
-        : resuming ? "no checkpoint in " + run_dir.string() + " yet: the run starts again\n"
-                   : "";
+        continuing
+            ? "resuming at mode " + std::to_string(p.mode_index + 1) + "/" +
+                  std::to_string(config.modes.size()) + ", step " + std::to_string(p.step) + "\n"
+        : folder.holds_run()
+            ? "no checkpoint in " + folder.dir().string() + " yet: the run starts again\n"
+            : "";
     print_banner(config, folder, parallel, train, test, resume_line, continuing, mkl_pinned);
   }
-  const std::string resume_from = resuming && position.step > 0 ? folder.checkpoint() : "";
-  train_modes(config, train, test, folder, rank_log, parallel, position, resume_from,
-              a.checkpoint_every);
+  train_modes(config, train, test, folder, rank_log, parallel, a.checkpoint_every);
   if (root) {
     report(folder, config);
   }
@@ -783,32 +689,23 @@ int train(Args& a, const LaunchEnv& env, const GroupMaker& make_group) {
 
 }  // namespace
 
-int torchamp_train::run(int argc, char** argv, const GroupMaker& make_group) {
+int main(int argc, char** argv) {
   Args a;
   if (const int rc = parse(argc, argv, a); rc >= 0) {
     return rc;
   }
-  LaunchEnv env;
   try {
-    env = LaunchEnv::from_environment();
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  }
-  if (env.world > 1 && !make_group) {
-    std::cerr << "error: WORLD_SIZE=" << env.world
-              << " but this torchamp-train was built without distributed support "
-                 "(TORCHAMP_WITH_DISTRIBUTED=OFF), so it cannot form a process group.\n";
-    return 2;
-  }
-  complete(a.config, a, env);
-  try {
-    return train(a, env, make_group);
+    const auto env = torchamp_apps::LaunchEnv::from_environment();
+    complete(a.config, a, env);
+    return train(a, env);
   } catch (const UsageError& e) {
     std::cerr << e.what() << "\n";
     return 2;
   } catch (const DataError& e) {
     std::cerr << "--data: " << e.what() << "\n";
+    return 2;
+  } catch (const std::invalid_argument& e) {  // the launch, the run folder, a name
+    std::cerr << "error: " << e.what() << "\n";
     return 2;
   } catch (const c10::Error& e) {
     std::cerr << "error: " << e.what_without_backtrace() << "\n";

@@ -11,32 +11,6 @@
 #include <stdexcept>
 
 namespace torchamp_train {
-namespace {
-
-int env_int(const char* name, int fallback, int lo, int hi) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') {
-    return fallback;
-  }
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  if (*end != '\0' || n < lo || n > hi) {
-    throw std::invalid_argument(std::string(name) + "=" + v + " is not an integer in [" +
-                                std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-  return static_cast<int>(n);
-}
-
-}  // namespace
-
-LaunchEnv LaunchEnv::from_environment() {
-  LaunchEnv e;
-  e.world = env_int("WORLD_SIZE", 1, 1, 1 << 20);
-  e.rank = env_int("RANK", 0, 0, e.world - 1);
-  e.local_rank = env_int("LOCAL_RANK", e.rank, 0, 1 << 20);
-  return e;
-}
-
 std::vector<int> partition(const std::vector<int64_t>& sizes, int world) {
   std::vector<int64_t> load(static_cast<size_t>(world), 0);
   std::vector<int> owner;
@@ -278,7 +252,18 @@ std::vector<std::string> Parallel::gather_to_root(const std::string& bytes) cons
   return out;
 }
 
-#else  // a LibTorch without c10d: one process only
+Parallel form_parallel(const torchamp_apps::LaunchEnv& env, const std::string& mode,
+                       std::chrono::milliseconds timeout) {
+  return Parallel(torchamp_apps::form_group(env, timeout), mode, timeout);
+}
+
+#else  // a build without process groups: one process only
+
+Parallel form_parallel(const torchamp_apps::LaunchEnv& env, const std::string&,
+                       std::chrono::milliseconds timeout) {
+  torchamp_apps::form_group(env, timeout);  // throws on more than one process
+  return Parallel();
+}
 
 void Parallel::guard(const char*, const std::function<void()>& run) const {
   run();

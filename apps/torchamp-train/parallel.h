@@ -17,6 +17,8 @@
 //            makes the scaler agree on found-inf over the group, and the
 //            owners then broadcast the stepped parameters.
 
+#include "launch.h"
+
 #include <torchamp/config.h>
 
 #include <ATen/core/Tensor.h>
@@ -33,18 +35,6 @@
 #include <vector>
 
 namespace torchamp_train {
-
-/// What torchrun (or whoever starts the processes) says about this one:
-/// RANK, WORLD_SIZE, LOCAL_RANK (where the ranks meet is
-/// torchamp::init_process_group's business).
-struct LaunchEnv {
-  int rank = 0;
-  int world = 1;
-  int local_rank = 0;
-  /// Reads the variables; throws std::invalid_argument naming a malformed
-  /// one. Without WORLD_SIZE: one process.
-  static LaunchEnv from_environment();
-};
 
 /// One process, or one rank of a c10d process group with its mode ("data"
 /// or "sharded") and the time any collective may take.
@@ -110,14 +100,10 @@ class Parallel {
 /// in order, each to the least loaded rank so far (the lowest on a tie).
 std::vector<int> partition(const std::vector<int64_t>& sizes, int world);
 
-/// Forms the process group of a multi-process run (throws
-/// std::invalid_argument for a bad launch environment); null in a build
-/// without distributed.
-using GroupMaker = std::function<Parallel(const LaunchEnv&, const std::string& mode,
-                                          std::chrono::milliseconds timeout)>;
-
-/// The program (main.cpp): options, run folder, modes, table and plots, on
-/// the ranks `make_group` forms when WORLD_SIZE > 1. Returns the exit code.
-int run(int argc, char** argv, const GroupMaker& make_group);
+/// The process group of a run on `env.world` > 1 processes
+/// (torchamp_apps::form_group) in `mode` ("data" or "sharded"); throws as
+/// form_group does (std::invalid_argument in a build without process groups).
+Parallel form_parallel(const torchamp_apps::LaunchEnv& env, const std::string& mode,
+                       std::chrono::milliseconds timeout);
 
 }  // namespace torchamp_train

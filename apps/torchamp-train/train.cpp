@@ -258,7 +258,7 @@ Config Config::from_map(const std::map<std::string, std::string>& kv) {
   c.growth_interval = std::stoll(get("growth-interval"));
   c.optimizer = get("optimizer");
   c.fused = get("fused") == "1";
-  // Absent from the config.txt of runs before --checkpoint-layers.
+  // Absent from the options of runs before --checkpoint-layers.
   if (const auto it = kv.find("checkpoint-layers"); it != kv.end()) {
     c.checkpoint_layers = it->second == "1";
   }
@@ -267,7 +267,7 @@ Config Config::from_map(const std::map<std::string, std::string>& kv) {
     c.modes.push_back(m);
   }
   c.data = get("data");
-  // Absent from the config.txt of runs before multi-process training.
+  // Absent from the options of runs before multi-process training.
   if (const auto it = kv.find("parallel"); it != kv.end()) {
     c.parallel = it->second;
   }

@@ -61,7 +61,7 @@ struct Config {
   // reproducible; see docs/demo.md); false: MKL's default threads.
   bool deterministic = true;
 
-  /// The settings as key=value pairs (what a run folder's config.txt holds
+  /// The settings as key=value pairs (what a run folder's options.txt holds
   /// and what --resume compares), and back.
   std::map<std::string, std::string> to_map() const;
   static Config from_map(const std::map<std::string, std::string>& kv);

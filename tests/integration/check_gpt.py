@@ -106,8 +106,8 @@ def case_modes():
         check(int(fp16[-1]["skipped"]) > 0 and max(scales) > min(scales),
               "fp16+scaler: the scaler skipped %s steps, its scale moved %g..%g"
               % (fp16[-1]["skipped"], min(scales), max(scales)))
-    for name in ("options.txt", "init.pt", "metrics.csv", "summary.csv", "sample-fp32.txt",
-                 "ranks/rank0.txt", "finished"):
+    for name in ("options.txt", "initial.pt", "metrics.csv", "summary.csv", "sample-fp32.txt",
+                 "ranks/rank0.csv", "finished"):
         check(os.path.exists(os.path.join(out, name)), "the run folder holds " + name)
     if shutil.which("gnuplot"):
         check(os.path.getsize(os.path.join(out, "loss.png")) > 1000, "loss.png was drawn")
@@ -115,7 +115,7 @@ def case_modes():
           "the table is printed")
     check("tokens/s" in p.stdout and "scale" in p.stdout, "progress lines are printed")
     again = run(TINY + ["--out", out])
-    check("holds a finished run" in again.stdout, "the same command again reports the finished run")
+    check("has finished" in again.stdout, "the same command again reports the finished run")
     rep = run(["--report", out])
     check("| fp32 |" in rep.stdout, "--report prints the table")
 
@@ -145,7 +145,7 @@ def case_errors():
     before = {n: read(os.path.join(out, n)) for n in sorted(os.listdir(out))
               if os.path.isfile(os.path.join(out, n))}
     p = run(TINY + ["--steps", "3", "--modes", "fp32", "--out", out], expect=2)
-    check("steps: 2 vs 3" in p.stderr, "another run's --out: exit 2 naming the option (%s)"
+    check("whose --steps is 2, but this one's is 3" in p.stderr, "another run's --out: exit 2 naming the option (%s)"
           % p.stderr.strip())
     after = {n: read(os.path.join(out, n)) for n in sorted(os.listdir(out))
              if os.path.isfile(os.path.join(out, n))}
@@ -226,9 +226,9 @@ def case_parallel():
     l2 = [float(r["loss"]) for r in rows(os.path.join(two, "metrics.csv"), "fp32")]
     check(max(abs(a - b) for a, b in zip(l1, l2)) < 1e-3,
           "fp32: 2 ranks' losses = 1 rank's (max diff %.2g)" % max(abs(a - b) for a, b in zip(l1, l2)))
-    r0 = open(os.path.join(two, "ranks", "rank0.txt")).read()
-    r1 = open(os.path.join(two, "ranks", "rank1.txt")).read()
-    check(r0 == r1 and r0.count("\n") == (3 if sr else 2),
+    r0 = open(os.path.join(two, "ranks", "rank0.csv")).read()
+    r1 = open(os.path.join(two, "ranks", "rank1.csv")).read()
+    check(r0 == r1 and r0.count("\n") == 1 + (3 if sr else 2),
           "both ranks end every mode with the same weights")
     # accumulation under no_sync on 2 ranks: the 1-rank run with 4 micro-batches.
     four = os.path.join(WORK, "four")

@@ -1,6 +1,7 @@
 # Installs the build into a temporary prefix, moves that prefix elsewhere (so
 # nothing can depend on where it was installed, nor on the build tree), and
-# runs the installed torchamp-train --help and an installed example from there.
+# runs the installed torchamp-train --help, torchamp-gpt on its installed
+# corpus and an installed example from there.
 #   cmake -DBUILD=<build dir> -DWORK=<scratch dir> -P check_install.cmake
 file(REMOVE_RECURSE "${WORK}")
 execute_process(COMMAND ${CMAKE_COMMAND} --install "${BUILD}" --prefix "${WORK}/stage"
@@ -39,4 +40,17 @@ execute_process(COMMAND ${run} "${prefix}/libexec/torchamp/examples/quickstart"
 if(NOT rc EQUAL 0 OR NOT out MATCHES "clipped gradient norm")
   message(FATAL_ERROR "installed quickstart: exit ${rc}\n${out}\n${err}")
 endif()
-message(STATUS "installed torchamp-train and quickstart run from ${prefix}")
+# The installed torchamp-gpt reads the corpus installed beside it without
+# --data (never the build tree's, which a user deletes).
+if(EXISTS "${BUILD}/apps/torchamp-gpt/kjv.txt")
+  if(NOT EXISTS "${prefix}/share/torchamp/kjv.txt")
+    message(FATAL_ERROR "the build has torchamp-gpt's corpus but did not install it")
+  endif()
+  execute_process(COMMAND ${run} "${prefix}/bin/torchamp-gpt" --size tiny --steps 2 --modes fp32
+                          --eval-every 2 --eval-batches 1 --sample 0 --out "${WORK}/gpt"
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "from ${prefix}/share/torchamp/kjv.txt")
+    message(FATAL_ERROR "installed torchamp-gpt without --data: exit ${rc}\n${out}\n${err}")
+  endif()
+endif()
+message(STATUS "installed torchamp-train, torchamp-gpt and quickstart run from ${prefix}")

@@ -137,4 +137,17 @@ TORCHAMP_TRAIN_KILL_AT_STEP=40 "$app" "${args[@]}" --checkpoint-every 7 --out "$
 "$app" "${args[@]}" --checkpoint-every 7 --out "$work/again-out" >"$work/resume.log"
 grep -q "resuming at mode 1/" "$work/resume.log" || fail "--out did not resume: $(cat "$work/resume.log")"
 same_as "$work/outside-full" "$work/again-out"
+# A run folder written before the apps shared one (its options in config.txt,
+# no finished marker) still continues, and then holds today's names.
+rc=0
+TORCHAMP_TRAIN_KILL_AT_STEP=40 "$app" "${args[@]}" --checkpoint-every 7 --out "$work/old-names" \
+  >/dev/null || rc=$?
+[ "$rc" -eq 137 ] || fail "the old-names run was not killed (exit $rc)"
+mv "$work/old-names/options.txt" "$work/old-names/config.txt"
+"$app" "${args[@]}" --checkpoint-every 7 --out "$work/old-names" >"$work/resume.log"
+grep -q "resuming at mode 1/" "$work/resume.log" ||
+  fail "a folder with config.txt did not resume: $(cat "$work/resume.log")"
+[ -f "$work/old-names/options.txt" ] && [ ! -e "$work/old-names/config.txt" ] &&
+  [ -f "$work/old-names/finished" ] || fail "the old folder was not renamed and marked finished"
+same_as "$work/outside-full" "$work/old-names"
 echo "exact resume: all runs identical to the uninterrupted ones"

@@ -1,0 +1,38 @@
+#pragma once
+
+// Where this process stands and its process group: the one launch every app
+// under apps/ uses. CMake builds launch.cpp where torchamp has process groups
+// and no_distributed.cpp where it has none (TORCHAMP_WITH_DISTRIBUTED=OFF):
+// the apps' code has no #if for it.
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <chrono>
+
+namespace torchamp_apps {
+
+/// What torchrun (or whoever starts the processes) says about this one:
+/// RANK, WORLD_SIZE, LOCAL_RANK (where the ranks meet is
+/// torchamp::init_process_group's business).
+struct LaunchEnv {
+  int rank = 0;
+  int world = 1;
+  int local_rank = 0;
+  /// Reads the variables; throws std::invalid_argument naming a malformed
+  /// one. Without WORLD_SIZE: one process.
+  static LaunchEnv from_environment();
+};
+
+/// Whether this build can form a process group (false: no_distributed.cpp).
+bool have_process_groups();
+
+/// The Gloo group of a run on `env.world` > 1 processes, formed as Python's
+/// dist.init_process_group("gloo") is (torchamp::init_process_group), each
+/// collective at most `timeout`; null on one process. Throws
+/// std::invalid_argument for a bad launch environment or a build without
+/// process groups, std::runtime_error naming the rank when the group cannot
+/// form.
+c10::intrusive_ptr<c10d::ProcessGroup> form_group(const LaunchEnv& env,
+                                                  std::chrono::milliseconds timeout);
+
+}  // namespace torchamp_apps

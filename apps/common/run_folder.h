@@ -1,0 +1,119 @@
+#pragma once
+
+// A main job's run folder, the same in every app under apps/: one rule for
+// --out, one set of file names, the options file and its comparison, the
+// position a run continues from, the finished marker, and each rank's own
+// log. The apps' main.cpp decide only what goes into the files.
+
+#include "run_state.h"
+#include "support.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace torchamp_apps {
+
+/// The files of every app's run folder.
+namespace run_files {
+inline constexpr const char* kOptions = "options.txt";  // the run's settings, key=value
+inline constexpr const char* kCheckpoint = "checkpoint.pt";
+inline constexpr const char* kInitial = "initial.pt";   // the initial weights, for the Python twin
+inline constexpr const char* kMetrics = "metrics.csv";  // a row per step
+inline constexpr const char* kSummary = "summary.csv";  // a row per finished mode
+inline constexpr const char* kFinished = "finished";    // written when every mode is done
+inline constexpr const char* kRanks = "ranks";          // ranks/rank<r>.csv: each rank's own log
+/// What torchamp-train called the options file before the apps shared one
+/// folder (read, never written: such a folder still continues).
+inline constexpr const char* kOldOptions = "config.txt";
+}  // namespace run_files
+
+/// A run folder as a rank finds it: new, or holding a run to continue (or
+/// one already finished). Every rank opens it; rank 0 alone writes the
+/// options, the logs, the checkpoints and the marker.
+class RunFolder {
+ public:
+  /// --out DIR, the rule of every app: a missing or empty folder starts a
+  /// run; one holding a run of the same `options` continues it from its
+  /// checkpoint (the same command again, or torchrun restarting it); one
+  /// holding a run of other options, or anything else, is refused, naming
+  /// the first option that differs. `app` names the program in messages.
+  /// Throws std::invalid_argument; writes nothing.
+  static RunFolder open(const std::filesystem::path& dir, const Options& options,
+                        const std::string& app);
+  /// --resume DIR: a run folder whose own options the run adopts
+  /// (saved_options()). Throws std::invalid_argument when DIR holds no run.
+  static RunFolder existing(const std::filesystem::path& dir, const std::string& app);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  std::filesystem::path path(const std::string& name) const { return dir_ / name; }
+  std::string checkpoint() const { return path(run_files::kCheckpoint).string(); }
+  /// The options the folder's run started with (empty for a new folder).
+  const Options& saved_options() const { return saved_; }
+  /// Whether the folder holds a run (its options file).
+  bool holds_run() const { return !saved_.empty(); }
+  /// Where the run stands: its checkpoint's position ({} without one).
+  const Position& position() const { return position_; }
+  /// Whether the run stopped inside a mode (its checkpoint holds the model).
+  bool mid_mode() const { return position_.step > 0; }
+  /// Whether a rank continues the run's logs (cut back to the checkpoint)
+  /// rather than starting them.
+  bool continuing() const { return position_.metrics_bytes > 0; }
+  /// Whether all of the run's `modes` are done (the marker, or a position
+  /// past the last: a run from before the marker).
+  bool finished(std::size_t modes) const;
+
+  /// Rank 0, a run from the start: the options file and the logs' headers;
+  /// an older run's checkpoint, rank logs and marker go.
+  void start(const Options& options, const std::string& metrics_header,
+             const std::string& summary_header);
+  /// Rank 0, continuing at position(): what was written after the
+  /// checkpoint goes (the options file is rewritten under today's name).
+  void resume();
+  RunLogs& logs() { return logs_; }
+  /// Rank 0: every mode is done.
+  void mark_finished();
+  /// Rank `rank`'s own log's path, ranks/rank<r>.csv.
+  std::filesystem::path rank_log(int rank) const;
+
+ private:
+  RunFolder(std::filesystem::path dir, Options saved);
+  std::filesystem::path dir_;
+  Options saved_;
+  Position position_;
+  RunLogs logs_;
+};
+
+/// The options file in `dir` (today's name, else the old one); empty when
+/// there is none.
+Options read_run_options(const std::filesystem::path& dir);
+
+/// Each rank's own record of its steps, ranks/rank<r>.csv, one `header`
+/// and a row per step, appended as the run goes. A checkpoint records its
+/// size (Position::rank_log_bytes); a resume cuts it back to that.
+class RankLog {
+ public:
+  RankLog(std::filesystem::path path, std::string header)
+      : path_(std::move(path)), header_(std::move(header)) {}
+
+  /// A new log holding only its header.
+  void start();
+  /// Back to its size at `p` (what this rank wrote after it goes); a new
+  /// log where `p` has no size for this rank.
+  void resume(const Position& p, int rank);
+  /// Appends to the log, a new one (its header) where there is none.
+  void append();
+  std::ofstream& out() { return log_; }
+  /// Flushes and returns the log's size.
+  int64_t flush();
+
+ private:
+  void open();
+  std::filesystem::path path_;
+  std::string header_;
+  std::ofstream log_;
+};
+
+}  // namespace torchamp_apps
