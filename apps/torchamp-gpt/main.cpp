@@ -6,6 +6,7 @@
 // takes its slice of every batch (torchamp::DistributedDataParallel).
 
 #include "launch.h"
+#include "report.h"
 #include "run_folder.h"
 #include "train.h"
 
@@ -60,6 +61,7 @@ std::string cell(double v) {
 // and against Python; bytes a parameter (parameters, gradients and optimizer
 // state).
 void print_table(const fs::path& out, std::ostream& os) {
+  using torchamp_apps::format;
   const auto cpp = read_csv(out / "summary.csv");
   const auto py = read_csv(out / "python-summary.csv");
   auto find = [](const std::vector<std::vector<std::string>>& rows, const std::string& mode) {
@@ -71,35 +73,37 @@ void print_table(const fs::path& out, std::ostream& os) {
     return static_cast<const std::vector<std::string>*>(nullptr);
   };
   const auto* base = find(cpp, "fp32");
-  os << "| mode | val loss | tokens/s | peak MB | bytes/param | skipped | vs fp32 |"
-     << (py.empty() ? "" : " Python val loss | Python tokens/s | Python peak MB | vs Python |")
-     << "\n|---|---|---|---|---|---|---|" << (py.empty() ? "" : "---|---|---|---|") << "\n";
-  for (const auto& r : cpp) {
-    char row[512];
-    const double tps = std::stod(r[5]);
-    std::snprintf(
-        row, sizeof row, "| %s | %.4f | %.0f | %.0f | %.1f | %s | %s |", r[0].c_str(),
-        std::stod(r[1]), tps, std::stod(r[7]), std::stod(r[8]), r[3].c_str(),
-        base ? (std::to_string(tps / std::stod((*base)[5])).substr(0, 4) + "x").c_str() : "-");
-    os << row;
-    if (!py.empty()) {
-      if (const auto* p = find(py, r[0])) {
-        std::snprintf(row, sizeof row, " %.4f | %.0f | %.0f | %.2fx |", std::stod((*p)[1]),
-                      std::stod((*p)[5]), std::stod((*p)[7]), tps / std::stod((*p)[5]));
-        os << row;
-      } else {
-        os << " - | - | - | - |";
-      }
-    }
-    os << "\n";
+  std::vector<std::string> header{"mode",        "val loss", "tokens/s", "peak MB",
+                                  "bytes/param", "skipped",  "vs fp32"};
+  if (!py.empty()) {
+    header.insert(header.end(),
+                  {"Python val loss", "Python tokens/s", "Python peak MB", "vs Python"});
   }
+  torchamp_apps::Table table(header);
+  for (const auto& r : cpp) {
+    const double tps = std::stod(r[5]);
+    std::vector<std::string> row{
+        r[0],
+        format("%.4f", std::stod(r[1])),
+        format("%.0f", tps),
+        format("%.0f", std::stod(r[7])),
+        format("%.1f", std::stod(r[8])),
+        r[3],
+        base ? std::to_string(tps / std::stod((*base)[5])).substr(0, 4) + "x" : "-"};
+    if (const auto* p = py.empty() ? nullptr : find(py, r[0])) {
+      row.insert(row.end(),
+                 {format("%.4f", std::stod((*p)[1])), format("%.0f", std::stod((*p)[5])),
+                  format("%.0f", std::stod((*p)[7])), format("%.2fx", tps / std::stod((*p)[5]))});
+    } else if (!py.empty()) {
+      row.insert(row.end(), {"-", "-", "-", "-"});
+    }
+    table.add(row);
+  }
+  table.print(os);
 }
 
 // loss.png: the training loss per step of every mode, Python's dashed.
 bool plot(const fs::path& out) {
-  if (!torchamp_apps::have_gnuplot()) {
-    return false;
-  }
   const fs::path data = out / "plot-data.txt";
   std::vector<std::string> titles;
   {
@@ -128,24 +132,18 @@ bool plot(const fs::path& out) {
   const bool python_ran = std::any_of(titles.begin(), titles.end(), [](const std::string& t) {
     return t.find("(Python)") != std::string::npos;
   });
-  std::ostringstream s;
-  s << "set terminal pngcairo size 1000,560 font 'sans,11'\nset grid\nset key top right\n"
-    << "set output '" << (out / "loss.png").string() << "'\n"
-    << "set title 'torchamp-gpt: training loss per step, per mode"
-    << (python_ran ? " (C++ solid, Python dashed)" : "") << "'\n"
-    << "set xlabel 'step'\nset ylabel 'cross-entropy (batch)'\nplot ";
+  torchamp_apps::Figures figures(out, "set grid\nset key top right\n");
+  figures.figure("loss.png",
+                 std::string("set title 'torchamp-gpt: training loss per step, per mode") +
+                     (python_ran ? " (C++ solid, Python dashed)" : "") +
+                     "'\nset xlabel 'step'\nset ylabel 'cross-entropy (batch)'\n");
   for (size_t i = 0; i < titles.size(); ++i) {
     const bool python = titles[i].find("(Python)") != std::string::npos;
-    s << (i ? ", " : "") << "'" << data.string() << "' index " << i
-      << " using 1:2 with lines lw 1.5" << (python ? " dt 2" : "") << " title '" << titles[i]
-      << "' noenhanced";
+    figures.series("'" + data.string() + "' index " + std::to_string(i) +
+                   " using 1:2 with lines lw 1.5" + (python ? " dt 2" : "") + " title '" +
+                   titles[i] + "' noenhanced");
   }
-  s << (titles.empty() ? "0 notitle" : "") << "\n";
-  const fs::path gp = out / "plot.gp";
-  std::ofstream(gp) << s.str();
-  const bool ok = torchamp_apps::run_gnuplot(gp.string());
-  fs::remove(data);
-  return ok;
+  return figures.draw("plot.gp", {data});
 }
 
 void report(const fs::path& out) {

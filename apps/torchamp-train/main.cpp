@@ -9,6 +9,7 @@
 
 #include "data.h"
 #include "parallel.h"
+#include "report.h"
 #include "run_folder.h"
 #include "train.h"
 
@@ -91,9 +92,7 @@ class ProgressPrinter {
 };
 
 std::string percent(double f) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f%%", 100.0 * f);
-  return buf;
+  return torchamp_apps::format("%.2f%%", 100.0 * f);
 }
 
 const char* const kSummaryHeader =
@@ -183,127 +182,114 @@ void write_rank_step(RankLog& log, const std::string& mode, const StepRecord& r)
 }
 
 void print_table(std::ostream& os, const std::vector<ModeSummary>& results) {
-  os << "\n| mode | final train loss | test accuracy | skipped steps | final scale "
-        "| fp16-flushed act. grads | fp16-subnormal act. grads | optimizer step | training step "
-        "| wall time | bytes/param | peak RSS |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  using torchamp_apps::format;
+  torchamp_apps::Table table({"mode", "final train loss", "test accuracy", "skipped steps",
+                              "final scale", "fp16-flushed act. grads", "fp16-subnormal act. grads",
+                              "optimizer step", "training step", "wall time", "bytes/param",
+                              "peak RSS"});
   for (const auto& r : results) {
-    char row[512];
-    std::snprintf(row, sizeof row,
-                  "| %s | %.4f | %.2f%% | %lld | %g | %s | %s | %.3f ms | %.3f ms | %.1f s | %.1f "
-                  "| %.0f MB |\n",
-                  r.mode.c_str(), r.final_loss, 100.0 * r.test_accuracy,
-                  static_cast<long long>(r.skipped), r.final_scale, percent(r.underflow).c_str(),
-                  percent(r.subnormal).c_str(), r.step_ms, r.train_step_ms, r.seconds,
-                  r.bytes_per_param, r.peak_rss_mb);
-    os << row;
+    table.add({r.mode, format("%.4f", r.final_loss), format("%.2f%%", 100.0 * r.test_accuracy),
+               std::to_string(r.skipped), format("%g", r.final_scale), percent(r.underflow),
+               percent(r.subnormal), format("%.3f ms", r.step_ms),
+               format("%.3f ms", r.train_step_ms), format("%.1f s", r.seconds),
+               format("%.1f", r.bytes_per_param), format("%.0f MB", r.peak_rss_mb)});
+  }
+  os << "\n";
+  table.print(os);
+}
+
+// The plots' data from metrics.csv's rows: gnuplot data blocks per mode
+// ('index'), steps (step loss scale underflow skipped-here layers...) and
+// epochs (epoch test-accuracy).
+void write_plot_data(const fs::path& steps_data, const fs::path& epochs_data, size_t layers,
+                     const std::vector<std::vector<std::string>>& rows,
+                     const std::vector<ModeSummary>& results) {
+  std::ofstream steps(steps_data), epochs(epochs_data);
+  for (const auto& r : results) {
+    steps << "# " << r.mode << "\n";
+    epochs << "# " << r.mode << "\n";
+    std::string skipped_before = "0";
+    for (const auto& v : rows) {
+      if (v.size() < 9 + layers || v[1] != r.mode) {
+        continue;
+      }
+      steps << v[0] << " " << v[2] << " " << v[3] << " " << v[5] << " "
+            << (v[4] != skipped_before ? "1" : "0");
+      for (size_t l = 0; l < layers; ++l) {
+        steps << " " << v[9 + l];
+      }
+      steps << "\n";
+      skipped_before = v[4];
+      if (!v[8].empty()) {
+        epochs << std::stoi(v[7]) + 1 << " " << v[8] << "\n";
+      }
+    }
+    steps << "\n\n";
+    epochs << "\n\n";
   }
 }
 
-// Plots from metrics.csv's rows: gnuplot data blocks per mode ('index').
+// loss.png, scale.png, accuracy.png, underflow.png, underflow-layers.png.
 bool plot(const fs::path& out, const Config& config,
           const std::vector<std::vector<std::string>>& rows,
           const std::vector<ModeSummary>& results) {
-  if (!torchamp_apps::have_gnuplot()) {
-    return false;
-  }
   const Task& task = find_task(config.task);
   const std::vector<std::string> layers = activation_names(task);
   const fs::path steps_data = out / "plot-steps.txt", epochs_data = out / "plot-epochs.txt";
-  {
-    std::ofstream steps(steps_data), epochs(epochs_data);
-    for (const auto& r : results) {
-      steps << "# " << r.mode << "\n";
-      epochs << "# " << r.mode << "\n";
-      std::string skipped_before = "0";
-      for (const auto& v : rows) {
-        if (v.size() < 9 + layers.size() || v[1] != r.mode) {
-          continue;
-        }
-        // step loss scale underflow skipped-here layers...
-        steps << v[0] << " " << v[2] << " " << v[3] << " " << v[5] << " "
-              << (v[4] != skipped_before ? "1" : "0");
-        for (size_t l = 0; l < layers.size(); ++l) {
-          steps << " " << v[9 + l];
-        }
-        steps << "\n";
-        skipped_before = v[4];
-        if (!v[8].empty()) {
-          epochs << std::stoi(v[7]) + 1 << " " << v[8] << "\n";
-        }
-      }
-      steps << "\n\n";
-      epochs << "\n\n";
-    }
-  }
+  write_plot_data(steps_data, epochs_data, layers.size(), rows, results);
   const std::string d = "'" + steps_data.string() + "'", e = "'" + epochs_data.string() + "'";
-  std::ostringstream script;
+  torchamp_apps::Figures figures(out, "set grid\nset key top right\nset xlabel 'step'\n");
   // One line per mode from `data`'s blocks, `column` its y values.
   auto each_mode = [&](const std::string& data, const std::string& column) {
     for (size_t i = 0; i < results.size(); ++i) {
-      script << (i ? ", " : "") << data << " index " << i << " using 1:" << column
-             << " with lines lw 1.5 title '" << results[i].mode << "' noenhanced";
+      figures.series(data + " index " + std::to_string(i) + " using 1:" + column +
+                     " with lines lw 1.5 title '" + results[i].mode + "' noenhanced");
     }
   };
-  script << "set terminal pngcairo size 1000,560 font 'sans,11'\n"
-         << "set grid\nset key top right\nset xlabel 'step'\n"
-         << "set output '" << (out / "loss.png").string() << "'\n"
-         << "set title 'Training loss per step (" << task.name << ": " << task.summary.substr(0, 40)
-         << "...)' noenhanced\n"
-         << "set ylabel 'cross-entropy (batch)'\nset logscale y\nplot ";
+  figures.figure("loss.png", "set title 'Training loss per step (" + task.name + ": " +
+                                 task.summary.substr(0, 40) +
+                                 "...)' noenhanced\nset ylabel 'cross-entropy (batch)'\n"
+                                 "set logscale y\n");
   each_mode(d, "2");
-  script << "\nset output '" << (out / "scale.png").string() << "'\n"
-         << "set title 'Loss scale per step (the sawtooth); crosses: skipped steps'\n"
-         << "set ylabel 'scale'\nset logscale y 2\nset format y '2^{%L}'\nplot ";
-  bool any = false;
+  figures.figure("scale.png",
+                 "set title 'Loss scale per step (the sawtooth); crosses: skipped steps'\n"
+                 "set ylabel 'scale'\nset logscale y 2\nset format y '2^{%L}'\n");
   for (size_t i = 0; i < results.size(); ++i) {
     if (results[i].scaled) {
-      script << (any ? ", " : "") << d << " index " << i << " using 1:3 with steps lw 1.5 lc "
-             << i + 1 << " title '" << results[i].mode << "' noenhanced, " << d << " index " << i
-             << " using 1:($5 > 0 ? $3 : NaN) with points pt 2 ps 1.5 lc " << i + 1 << " notitle";
-      any = true;
+      const std::string block = d + " index " + std::to_string(i), lc = std::to_string(i + 1);
+      figures.series(block + " using 1:3 with steps lw 1.5 lc " + lc + " title '" +
+                     results[i].mode + "' noenhanced");
+      figures.series(block + " using 1:($5 > 0 ? $3 : NaN) with points pt 2 ps 1.5 lc " + lc +
+                     " notitle");
     }
   }
-  if (!any) {
-    script << "0 notitle";
-  }
-  script << "\nset output '" << (out / "accuracy.png").string() << "'\n"
-         << "set title 'Test accuracy after each epoch'\nset xlabel 'epoch'\n"
-         << "set ylabel 'test accuracy'\nunset logscale y\nset format y '%.0f%%'\n"
-         << "set key bottom right\nplot ";
+  figures.figure("accuracy.png",
+                 "set title 'Test accuracy after each epoch'\nset xlabel 'epoch'\n"
+                 "set ylabel 'test accuracy'\nunset logscale y\nset format y '%.0f%%'\n"
+                 "set key bottom right\n");
   each_mode(e, "($2*100)");
-  script << "\nset output '" << (out / "underflow.png").string() << "'\n"
-         << "set title 'Activation-gradient entries that are zero in float16 (fp32/bf16: would "
-            "be)'\nset xlabel 'step'\nset key top right\n"
-         << "set ylabel 'share of all entries'\nplot ";
+  figures.figure("underflow.png",
+                 "set title 'Activation-gradient entries that are zero in float16 (fp32/bf16: "
+                 "would be)'\nset xlabel 'step'\nset key top right\n"
+                 "set ylabel 'share of all entries'\n");
   each_mode(d, "($4*100)");
   // Per layer, for the float16 modes.
-  script << "\nset output '" << (out / "underflow-layers.png").string() << "'\n"
-         << "set title 'Per activation: entries of its gradient zero in float16 (solid: fp16, "
-            "dashed: fp16+scaler)'\nset key outside right\nplot ";
-  any = false;
+  figures.figure("underflow-layers.png",
+                 "set title 'Per activation: entries of its gradient zero in float16 (solid: "
+                 "fp16, dashed: fp16+scaler)'\nset key outside right\n");
   for (size_t i = 0; i < results.size(); ++i) {
     const bool scaled = results[i].mode == "fp16+scaler";
     if (results[i].mode != "fp16" && !scaled) {
       continue;
     }
     for (size_t l = 0; l < layers.size(); ++l) {
-      script << (any ? ", " : "") << d << " index " << i << " using 1:($" << 6 + l
-             << "*100) with lines lw 1.2 lc " << l + 1 << (scaled ? " dt 2" : "") << " title '"
-             << layers[l] << (scaled ? " (scaled)" : "") << "' noenhanced";
-      any = true;
+      figures.series(d + " index " + std::to_string(i) + " using 1:($" + std::to_string(6 + l) +
+                     "*100) with lines lw 1.2 lc " + std::to_string(l + 1) +
+                     (scaled ? " dt 2" : "") + " title '" + layers[l] +
+                     (scaled ? " (scaled)" : "") + "' noenhanced");
     }
   }
-  if (!any) {
-    script << "0 notitle";
-  }
-  script << "\n";
-  const fs::path gp = out / "plots.gp";
-  std::ofstream(gp) << script.str();
-  const bool ok = torchamp_apps::run_gnuplot(gp.string());
-  fs::remove(steps_data);
-  fs::remove(epochs_data);
-  return ok;
+  return figures.draw("plots.gp", {steps_data, epochs_data});
 }
 
 std::string task_help() {
