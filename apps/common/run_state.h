@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,19 @@ struct Position {
   int64_t metrics_bytes = 0;  // metrics.csv's and summary.csv's sizes at the checkpoint
   int64_t summary_bytes = 0;
   std::vector<int64_t> rank_log_bytes;  // each rank's own log, where the app keeps one
+};
+
+/// What an app's training loop reports and asks for along the way, the same
+/// in every app; `Row` is its record of one step.
+template <class Row>
+struct Hooks {
+  /// After every step, on every rank (rank 0 writes metrics.csv's row).
+  std::function<void(const Row&)> step;
+  /// Before a checkpoint: flush the logs and record their sizes (a
+  /// collective where the run has several processes).
+  std::function<void(Position&)> bookmark;
+  int64_t checkpoint_every = 0;  // steps; 0: none
+  std::string checkpoint_path;   // rank 0 writes it, atomically
 };
 
 /// The position stored in a checkpoint file.

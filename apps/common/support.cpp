@@ -197,11 +197,6 @@ std::optional<OptionDifference> differing_option(const Options& a, const Options
   return std::nullopt;
 }
 
-std::string first_difference(const Options& a, const Options& b) {
-  const auto d = differing_option(a, b, "(none)");
-  return d ? d->key + ": " + d->a + " vs " + d->b : "";
-}
-
 std::string cpu_half_precision_support() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string flags;

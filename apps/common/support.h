@@ -59,9 +59,6 @@ struct OptionDifference {
 };
 std::optional<OptionDifference> differing_option(const Options& a, const Options& b,
                                                  const std::string& missing);
-/// The same as "key: a vs b" (a missing key reads "(none)"); empty when they
-/// agree.
-std::string first_difference(const Options& a, const Options& b);
 
 /// The entry of `all` whose `name` is `name`; throws std::invalid_argument
 /// "unknown <what> '<name>'" otherwise.

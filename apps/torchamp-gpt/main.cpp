@@ -205,17 +205,8 @@ struct SizeOptions {
   }
 };
 
-// Parses argv into `a`; returns -1 to go on, else the exit code.
-int parse(int argc, char** argv, Args& a) {
-  CLI::App app{
-      "torchamp-gpt: a character-level GPT (nanoGPT's model) trained on the King James Bible "
-      "in C++, once per precision mode, from the same initial weights over the same batches."};
-  // An option given twice takes its last value (a script's defaults, then
-  // the user's own); --modes gathers every list it is given.
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  Config& c = a.config;
-  SizeOptions sizes;
-  sizes.add(app, a.size);
+// The options that decide the numbers (Config's, but the model's size).
+void add_training_options(CLI::App& app, Config& c) {
   app.add_option("--accum", c.accum,
                  "Micro-batches per step (gradient accumulation; under "
                  "torchrun all but the last run under DDP's no_sync)")
@@ -270,6 +261,12 @@ int parse(int argc, char** argv, Args& a) {
       ->check(CLI::IsMember(names))
       ->capture_default_str()
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
+// The options of the run around them: the corpus, the folder, threads,
+// what is printed.
+void add_run_options(CLI::App& app, Args& a) {
+  Config& c = a.config;
   app.add_flag("--checkpoint-layers", c.model.checkpoint_layers,
                "Activation checkpointing per block (torchamp::checkpoint): less memory, more time");
   c.data = torchamp_apps::default_data("kjv.txt", TORCHAMP_GPT_DEFAULT_DATA);
@@ -298,6 +295,21 @@ int parse(int argc, char** argv, Args& a) {
   app.add_option("--report", a.report_dir,
                  "Only print the table and plot of this run folder "
                  "(with Python's run where it has one)");
+}
+
+// Parses argv into `a`; returns -1 to go on, else the exit code.
+int parse(int argc, char** argv, Args& a) {
+  CLI::App app{
+      "torchamp-gpt: a character-level GPT (nanoGPT's model) trained on the King James Bible "
+      "in C++, once per precision mode, from the same initial weights over the same batches."};
+  // An option given twice takes its last value (a script's defaults, then
+  // the user's own); --modes gathers every list it is given.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  Config& c = a.config;
+  SizeOptions sizes;
+  sizes.add(app, a.size);
+  add_training_options(app, c);
+  add_run_options(app, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -436,6 +448,57 @@ void log_weights(const torchamp_apps::RunFolder& folder, int rank, const ModeRes
   log.flush();
 }
 
+// What the run is, before it starts.
+void print_banner(const Config& c, const Corpus& corpus, bool pinned,
+                  const torchamp_apps::RunFolder& folder) {
+  std::cout << "torchamp-gpt " << TORCHAMP_VERSION << ": " << corpus.train.size(0) << " + "
+            << corpus.val.size(0) << " characters (" << corpus.vocab_size() << " distinct) from "
+            << c.data << "; " << c.model.layers << " layers, d " << c.model.d_model << ", "
+            << c.model.heads << " heads, context " << c.model.context << "; batch " << c.batch_size
+            << " x " << c.accum << " x " << c.world << " rank(s); " << at::get_num_threads()
+            << " thread(s)" << (pinned ? ", MKL pinned to one" : "")
+            << "\nCPU: " << torchamp_apps::cpu_half_precision_support() << "\n";
+  if (folder.mid_mode()) {
+    std::cout << "resuming at mode " << folder.position().mode_index + 1 << "/" << c.modes.size()
+              << ", step " << folder.position().step << " from " << folder.checkpoint() << "\n";
+  }
+}
+
+// Trains the modes from the folder's position on, every rank; rank 0 writes
+// the logs and checkpoints. Returns each mode's sample (rank 0).
+std::vector<std::string> train_modes(const Args& a, const Corpus& corpus, Runtime& rt,
+                                     torchamp_apps::RunFolder& folder) {
+  const Config& c = a.config;
+  const bool root = rt.rank == 0;
+  const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(1, c.steps / 10);
+  rt.bookmark = [&](Position& p) {
+    if (root) {
+      folder.logs().bookmark(p);
+    }
+  };
+  const int64_t first = folder.position().mode_index;
+  const std::string resume = folder.mid_mode() ? folder.checkpoint() : "";
+  std::vector<std::string> samples;
+  for (int64_t i = first; i < static_cast<int64_t>(c.modes.size()); ++i) {
+    const std::string& name = c.modes[static_cast<size_t>(i)];
+    const bool here = i == first && !resume.empty();
+    if (root) {
+      say_if_slow(find_mode(name));
+    }
+    Progress progress{c, root ? &folder.logs() : nullptr, log_every};
+    progress.skipped = here && root ? skips_so_far(folder.path("metrics.csv"), name) : 0;
+    rt.step = [&](const StepRow& r) { progress(r); };
+    ModeResult r = train_mode(corpus, c, i, rt, here ? resume : "");
+    r.skipped = progress.skipped;
+    log_weights(folder, rt.rank, r);
+    if (root) {
+      finished(folder, rt, r, i);
+      samples.push_back(r.mode + ":\n" + r.sample);
+    }
+  }
+  return samples;
+}
+
 int train(Args& a) {
   Config& c = a.config;
   const auto env = torchamp_apps::LaunchEnv::from_environment();
@@ -463,48 +526,12 @@ int train(Args& a) {
   rt.checkpoint_every = a.checkpoint_every;
   rt.checkpoint_path = folder.checkpoint();
   rt.sample_chars = a.sample_chars;
-  const bool root = env.rank == 0;
-  if (root) {
+  if (env.rank == 0) {
     set_up(folder, c, std::max(c.vocab, corpus.vocab_size()));
   }
-  const Position& start = folder.position();
-  const std::string resume = folder.mid_mode() ? folder.checkpoint() : "";
-  std::cout << "torchamp-gpt " << TORCHAMP_VERSION << ": " << corpus.train.size(0) << " + "
-            << corpus.val.size(0) << " characters (" << corpus.vocab_size() << " distinct) from "
-            << c.data << "; " << c.model.layers << " layers, d " << c.model.d_model << ", "
-            << c.model.heads << " heads, context " << c.model.context << "; batch " << c.batch_size
-            << " x " << c.accum << " x " << c.world << " rank(s); " << at::get_num_threads()
-            << " thread(s)" << (pinned ? ", MKL pinned to one" : "")
-            << "\nCPU: " << torchamp_apps::cpu_half_precision_support() << "\n";
-  if (!resume.empty()) {
-    std::cout << "resuming at mode " << start.mode_index + 1 << "/" << c.modes.size() << ", step "
-              << start.step << " from " << resume << "\n";
-  }
-  const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(1, c.steps / 10);
-  rt.bookmark = [&](Position& p) {
-    if (root) {
-      folder.logs().bookmark(p);
-    }
-  };
-  std::vector<std::string> samples;
-  for (int64_t i = start.mode_index; i < static_cast<int64_t>(c.modes.size()); ++i) {
-    const std::string& name = c.modes[static_cast<size_t>(i)];
-    const bool here = i == start.mode_index && !resume.empty();
-    if (root) {
-      say_if_slow(find_mode(name));
-    }
-    Progress progress{c, root ? &folder.logs() : nullptr, log_every};
-    progress.skipped = here && root ? skips_so_far(folder.path("metrics.csv"), name) : 0;
-    rt.on_step = [&](const StepRow& r) { progress(r); };
-    ModeResult r = train_mode(corpus, c, i, rt, here ? resume : "");
-    r.skipped = progress.skipped;
-    log_weights(folder, env.rank, r);
-    if (root) {
-      finished(folder, rt, r, i);
-      samples.push_back(r.mode + ":\n" + r.sample);
-    }
-  }
-  if (!root) {
+  print_banner(c, corpus, pinned, folder);
+  const std::vector<std::string> samples = train_modes(a, corpus, rt, folder);
+  if (env.rank != 0) {
     return 0;
   }
   folder.logs().metrics().close();

@@ -210,6 +210,35 @@ struct Trainer {
   }
 };
 
+// One optimizer step at `lr`: the micro-batches, the unscaled gradients
+// clipped, the scaler's step and update. Returns this rank's summed loss and
+// whether the step was taken.
+std::pair<double, bool> optimizer_step(Trainer& t, const Config& c, int64_t step, double lr,
+                                       const std::vector<at::Tensor>& params) {
+  for (auto& group : t.opt.param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  }
+  double loss = 0;
+  for (int64_t m = 0; m < c.accum; ++m) {
+    loss += t.micro_step(step, m);
+  }
+  t.scaler.unscale_(t.opt);  // the real gradients, to clip them
+  torch::nn::utils::clip_grad_norm_(params, c.clip);
+  const bool stepped = t.scaler.step(t.opt).has_value();
+  t.scaler.update();
+  t.opt.zero_grad();
+  return {loss, stepped};
+}
+
+// Every rank records its logs' sizes (a collective where it has one); rank 0
+// writes the checkpoint.
+void checkpoint(Trainer& t, const Runtime& rt, Position p) {
+  rt.bookmark(p);
+  if (rt.rank == 0) {
+    t.state().save(rt.checkpoint_path, p);
+  }
+}
+
 }  // namespace
 
 const std::vector<Mode>& known_modes() {
@@ -331,19 +360,8 @@ ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index,
   const auto params = t.model->parameters();
   for (int64_t step = start; step < c.steps; ++step) {
     const double lr = lr_at(c, step);
-    for (auto& group : t.opt.param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    }
     const auto t0 = std::chrono::steady_clock::now();
-    double loss = 0;
-    for (int64_t m = 0; m < c.accum; ++m) {
-      loss += t.micro_step(step, m);
-    }
-    t.scaler.unscale_(t.opt);  // the real gradients, to clip them
-    torch::nn::utils::clip_grad_norm_(params, c.clip);
-    const bool stepped = t.scaler.step(t.opt).has_value();
-    t.scaler.update();
-    t.opt.zero_grad();
+    const auto [loss, stepped] = optimizer_step(t, c, step, lr, params);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     (step == start ? first_seconds : seconds) += dt;
     last_loss = t.global_sum(loss);
@@ -358,14 +376,10 @@ ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index,
     if ((step + 1) % c.eval_every == 0 || step + 1 == c.steps) {
       row.val_loss = t.validate();
     }
-    rt.on_step(row);
+    rt.step(row);
     torchamp_apps::maybe_die_after_step();
     if (rt.checkpoint_every > 0 && (step + 1) % rt.checkpoint_every == 0 && step + 1 < c.steps) {
-      Position p{mode_index, step + 1, 0, 0, {}};
-      rt.bookmark(p);
-      if (rt.rank == 0) {
-        t.state().save(rt.checkpoint_path, p);
-      }
+      checkpoint(t, rt, Position{mode_index, step + 1, 0, 0, {}});
     }
     r.val_loss = row.val_loss;
   }

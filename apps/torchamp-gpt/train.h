@@ -103,14 +103,11 @@ struct ModeResult {
   std::string sample;   // text the trained model wrote
 };
 
-/// The process group (null on one process) and what the loop reports.
-struct Runtime {
+/// What the loop reports and asks for (step: every rank; rank 0 writes),
+/// with the process group (null on one process).
+struct Runtime : torchamp_apps::Hooks<StepRow> {
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   int rank = 0;
-  std::function<void(const StepRow&)> on_step;  // every rank; rank 0 writes
-  std::function<void(Position&)> bookmark;      // flush logs, record sizes
-  std::string checkpoint_path;                  // rank 0 writes it
-  int64_t checkpoint_every = 0;
   int64_t sample_chars = 0;  // text the trained model writes at the end (rank 0)
 };
 

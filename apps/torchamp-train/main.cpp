@@ -48,7 +48,7 @@ class ProgressPrinter {
  public:
   ProgressPrinter(bool tty, int epochs) : tty_(tty), epochs_(epochs) {}
 
-  void operator()(const std::string& mode, const StepRecord& r, int64_t total) {
+  void operator()(const std::string& mode, const StepRow& r, int64_t total) {
     const auto now = std::chrono::steady_clock::now();
     if (mode != mode_) {
       mode_ = mode;
@@ -119,7 +119,7 @@ std::string metrics_header(const Config& config) {
   return metrics;
 }
 
-void write_step(RunLogs& logs, const std::string& mode, const StepRecord& r) {
+void write_step(RunLogs& logs, const std::string& mode, const StepRow& r) {
   auto& m = logs.metrics();
   m << r.step << "," << mode << "," << r.loss << "," << r.scale << "," << r.skipped << ","
     << r.underflow << "," << r.subnormal << "," << r.epoch << ",";
@@ -132,7 +132,7 @@ void write_step(RunLogs& logs, const std::string& mode, const StepRecord& r) {
   m << "\n";
 }
 
-void write_summary(RunLogs& logs, const ModeSummary& m) {
+void write_summary(RunLogs& logs, const ModeResult& m) {
   logs.summary() << m.mode << "," << (m.scaled ? 1 : 0) << "," << g17(m.final_loss) << ","
                  << g17(m.test_accuracy) << "," << m.skipped << "," << g17(m.final_scale) << ","
                  << g17(m.underflow) << "," << g17(m.subnormal) << "," << g17(m.seconds) << ","
@@ -140,8 +140,8 @@ void write_summary(RunLogs& logs, const ModeSummary& m) {
                  << "," << g17(m.peak_rss_mb) << "\n";
 }
 
-std::vector<ModeSummary> read_summaries(RunLogs& logs) {
-  std::vector<ModeSummary> all;
+std::vector<ModeResult> read_summaries(RunLogs& logs) {
+  std::vector<ModeResult> all;
   for (const auto& v : logs.summary_rows()) {
     if (v.size() != 13) {
       std::string line;
@@ -150,7 +150,7 @@ std::vector<ModeSummary> read_summaries(RunLogs& logs) {
       }
       throw std::runtime_error("malformed summary.csv line: " + line);
     }
-    ModeSummary m;
+    ModeResult m;
     m.mode = v[0];
     m.scaled = v[1] == "1";
     m.final_loss = std::stod(v[2]);
@@ -176,12 +176,12 @@ RankLog rank_log_of(const RunFolder& folder, int rank) {
   return RankLog(folder.rank_log(rank), "mode,step,found_inf_here,skipped,scale,loss");
 }
 
-void write_rank_step(RankLog& log, const std::string& mode, const StepRecord& r) {
+void write_rank_step(RankLog& log, const std::string& mode, const StepRow& r) {
   log.out() << mode << "," << r.step << "," << (r.found_inf_here ? 1 : 0) << ","
             << (r.skipped_here ? 1 : 0) << "," << r.scale << "," << r.loss << "\n";
 }
 
-void print_table(std::ostream& os, const std::vector<ModeSummary>& results) {
+void print_table(std::ostream& os, const std::vector<ModeResult>& results) {
   using torchamp_apps::format;
   torchamp_apps::Table table({"mode", "final train loss", "test accuracy", "skipped steps",
                               "final scale", "fp16-flushed act. grads", "fp16-subnormal act. grads",
@@ -203,7 +203,7 @@ void print_table(std::ostream& os, const std::vector<ModeSummary>& results) {
 // epochs (epoch test-accuracy).
 void write_plot_data(const fs::path& steps_data, const fs::path& epochs_data, size_t layers,
                      const std::vector<std::vector<std::string>>& rows,
-                     const std::vector<ModeSummary>& results) {
+                     const std::vector<ModeResult>& results) {
   std::ofstream steps(steps_data), epochs(epochs_data);
   for (const auto& r : results) {
     steps << "# " << r.mode << "\n";
@@ -232,7 +232,7 @@ void write_plot_data(const fs::path& steps_data, const fs::path& epochs_data, si
 // loss.png, scale.png, accuracy.png, underflow.png, underflow-layers.png.
 bool plot(const fs::path& out, const Config& config,
           const std::vector<std::vector<std::string>>& rows,
-          const std::vector<ModeSummary>& results) {
+          const std::vector<ModeResult>& results) {
   const Task& task = find_task(config.task);
   const std::vector<std::string> layers = activation_names(task);
   const fs::path steps_data = out / "plot-steps.txt", epochs_data = out / "plot-epochs.txt";
@@ -316,15 +316,8 @@ struct Args {
   std::set<std::string> given;  // the Config keys (options.txt's) given on the command line
 };
 
-// Parses argv into `a`; returns -1 to go on, else the exit code.
-int parse(int argc, char** argv, Args& a) {
-  CLI::App app{
-      "torchamp-train: mixed-precision training on the UCI handwritten digits, once per "
-      "precision mode, comparing float32, float16 without and with loss scaling, and bfloat16."};
-  Config& config = a.config;
-  config.data = torchamp_apps::default_data("digits.csv.gz", TORCHAMP_TRAIN_DEFAULT_DATA);
-  config.modes = default_modes();
-  int64_t seed = 0;
+// The options of the workload and its training.
+void add_training_options(CLI::App& app, Config& config, int64_t& seed) {
   std::vector<std::string> task_names;
   for (const auto& t : tasks()) {
     task_names.push_back(t.name);
@@ -358,6 +351,12 @@ int parse(int argc, char** argv, Args& a) {
   app.add_option("--seed", seed, "Seed of the split, initial weights and batch order")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+}
+
+// The options of the run around it: its folder, checkpoints, the scaler's
+// settings, MKL, the data and the processes.
+void add_run_options(CLI::App& app, Args& a) {
+  Config& config = a.config;
   auto* out_opt = app.add_option(
       "--out", a.out_dir,
       "Output folder (default runs/<date-time>/). A folder that holds a run of the same options "
@@ -398,6 +397,19 @@ int parse(int argc, char** argv, Args& a) {
                  "Seconds any collective may wait for the other ranks before this one fails")
       ->check(CLI::Range(1.0, 86400.0))
       ->capture_default_str();
+}
+
+// Parses argv into `a`; returns -1 to go on, else the exit code.
+int parse(int argc, char** argv, Args& a) {
+  CLI::App app{
+      "torchamp-train: mixed-precision training on the UCI handwritten digits, once per "
+      "precision mode, comparing float32, float16 without and with loss scaling, and bfloat16."};
+  Config& config = a.config;
+  config.data = torchamp_apps::default_data("digits.csv.gz", TORCHAMP_TRAIN_DEFAULT_DATA);
+  config.modes = default_modes();
+  int64_t seed = 0;
+  add_training_options(app, config, seed);
+  add_run_options(app, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -542,11 +554,11 @@ void train_modes(const Config& config, const Dataset& train, const Dataset& test
   const bool root = parallel.rank() == 0;
   ProgressPrinter printer(isatty(STDOUT_FILENO) != 0, config.epochs);
   Hooks hooks;
-  hooks.step = [&](const std::string& mode, const StepRecord& r, int64_t total) {
-    write_rank_step(rank_log, mode, r);
+  hooks.step = [&](const StepRow& r) {
+    write_rank_step(rank_log, r.mode, r);
     if (root) {
-      write_step(folder.logs(), mode, r);
-      printer(mode, r, total);
+      write_step(folder.logs(), r.mode, r);
+      printer(r.mode, r, r.total);
     }
   };
   hooks.bookmark = [&](Position& p) {  // a collective: every rank's log size
@@ -560,8 +572,8 @@ void train_modes(const Config& config, const Dataset& train, const Dataset& test
   const Position& position = folder.position();
   const std::string resume_from = folder.mid_mode() ? folder.checkpoint() : "";
   for (auto i = position.mode_index; i < static_cast<int64_t>(config.modes.size()); ++i) {
-    const ModeSummary done = train_mode(i, train, test, config, hooks,
-                                        i == position.mode_index ? resume_from : "", parallel);
+    const ModeResult done = train_mode(i, train, test, config, hooks,
+                                       i == position.mode_index ? resume_from : "", parallel);
     // Always (it is small): a resumed run never repeats a finished mode.
     Position next{i + 1, 0, 0, 0, {}};
     if (root) {
@@ -579,7 +591,7 @@ void train_modes(const Config& config, const Dataset& train, const Dataset& test
 
 // The table and the plots of a run folder's finished modes.
 void report(RunFolder& folder, const Config& config) {
-  const std::vector<ModeSummary> results = read_summaries(folder.logs());
+  const std::vector<ModeResult> results = read_summaries(folder.logs());
   print_table(std::cout, results);
   std::cout << "\nwrote " << folder.path("metrics.csv").string() << " and summary.csv\n";
   if (plot(folder.dir(), config, folder.logs().metrics_rows(), results)) {

@@ -50,6 +50,35 @@ struct Underflow {
   }
 };
 
+// What a step measures on its rank and the group sums: the rank's loss
+// (weighted by its share of the batch) and each activation's underflow
+// counts. It travels as one float64 tensor, in the gradients' collectives.
+struct StepStats {
+  double loss = 0;
+  std::vector<Underflow> layers;
+
+  at::Tensor pack() const {
+    std::vector<double> v{loss};
+    for (const auto& u : layers) {
+      v.insert(v.end(), {static_cast<double>(u.total), static_cast<double>(u.flushed),
+                         static_cast<double>(u.subnormal)});
+    }
+    at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kDouble);
+    std::copy(v.begin(), v.end(), t.data_ptr<double>());
+    return t;
+  }
+  /// The same fields read back from pack()'s tensor (summed in between).
+  void unpack(const at::Tensor& t) {
+    const double* v = t.data_ptr<double>();
+    loss = *v++;
+    for (auto& u : layers) {
+      u.total = static_cast<int64_t>(*v++);
+      u.flushed = static_cast<int64_t>(*v++);
+      u.subnormal = static_cast<int64_t>(*v++);
+    }
+  }
+};
+
 // An MLP 64 -> width x hidden_layers -> 10. In the fp16 modes on a LibTorch
 // without CPU float16 autocast (< 2.2) every Linear's weight, bias and output
 // and every activation are rounded to float16, so their gradients are
@@ -489,13 +518,13 @@ class ModeRun {
       const at::Tensor order = torch::randperm(n, gen, torch::kLong).to(device_);
       for (int64_t b = step_ % per_epoch; b < per_epoch; ++b) {
         const int64_t lo = b * config_.batch_size;
-        StepRecord rec = train_step(order.slice(0, lo, std::min(n, lo + config_.batch_size)));
+        StepRow rec = train_step(order.slice(0, lo, std::min(n, lo + config_.batch_size)));
         rec.epoch = epoch;
         if (b + 1 == per_epoch) {
           rec.test_accuracy = accuracy(x_test_, y_test_);
         }
         if (hooks_.step) {
-          hooks_.step(mode_.name, rec, total_);
+          hooks_.step(rec);
         }
         if (hooks_.checkpoint_every > 0 && step_ % hooks_.checkpoint_every == 0 && step_ < total_) {
           checkpoint();
@@ -505,7 +534,7 @@ class ModeRun {
     }
   }
 
-  ModeSummary finish() {
+  ModeResult finish() {
     torch::NoGradGuard no_grad;
     result_.final_loss =
         torch::nn::functional::cross_entropy(net_->forward(x_train_, at::kFloat, nullptr), y_train_)
@@ -600,7 +629,7 @@ class ModeRun {
 
   // One optimizer step over the global batch `batch` (indices into the
   // training set); this rank trains on its slice.
-  StepRecord train_step(const at::Tensor& batch) {
+  StepRow train_step(const at::Tensor& batch) {
     const auto train_start = std::chrono::steady_clock::now();
     // Data-parallel: this rank's slice of the global batch.
     const int64_t m = batch.size(0), world = parallel_.world();
@@ -610,8 +639,8 @@ class ModeRun {
       set_lr(*optimizer_, cosine_lr(config_.lr, step_, total_));
     }
     net_->zero_grad();  // not the optimizer's: in the sharded mode it holds only a shard
-    std::vector<Underflow> stats(n_act_);
-    const at::Tensor logits = forward(x, stats);
+    StepStats stats{0, std::vector<Underflow>(n_act_)};
+    const at::Tensor logits = forward(x, stats.layers);
     // Each rank's loss is the mean over its slice, weighted by the slice's
     // share of the global batch before backward; the ranks' gradients are
     // then summed (by DDP in the data-parallel mode, into their owners in
@@ -625,16 +654,9 @@ class ModeRun {
     });
     // The step's loss and underflow counts, summed over the ranks with the
     // gradients (all collectives of a call are in flight together).
-    at::Tensor sums = torch::empty({1 + 3 * static_cast<int64_t>(n_act_)}, torch::kDouble);
-    auto* v = sums.data_ptr<double>();
-    v[0] = loss.item<double>() * share;
-    for (size_t l = 0; l < n_act_; ++l) {
-      v[1 + 3 * l] = static_cast<double>(stats[l].total);
-      v[2 + 3 * l] = static_cast<double>(stats[l].flushed);
-      v[3 + 3 * l] = static_cast<double>(stats[l].subnormal);
-    }
+    stats.loss = loss.item<double>() * share;
+    at::Tensor sums = stats.pack();
     reduce(sums);
-    const double* summed = sums.data_ptr<double>();
     found_inf_here_ = false;
     const auto step_start = std::chrono::steady_clock::now();
     const bool skipped_now = !scaler_->step(*optimizer_).has_value();
@@ -650,31 +672,29 @@ class ModeRun {
       torch::NoGradGuard no_grad;
       parallel_.broadcast_from_owners(params_, owner_);
     }
-    for (size_t l = 0; l < n_act_; ++l) {
-      stats[l].total = static_cast<int64_t>(summed[1 + 3 * l]);
-      stats[l].flushed = static_cast<int64_t>(summed[2 + 3 * l]);
-      stats[l].subnormal = static_cast<int64_t>(summed[3 + 3 * l]);
-    }
+    stats.unpack(sums);
     train_seconds_ += seconds_since(train_start);
     Underflow all;
     std::vector<double> layers;
-    for (const auto& s : stats) {
+    for (const auto& s : stats.layers) {
       all.add(s);
       layers.push_back(s.fraction(s.flushed));
     }
     overall_.add(all);
     ++step_;
-    return StepRecord{step_ - 1,
-                      0,
-                      summed[0],
-                      scaler_->get_scale(),
-                      result_.skipped,
-                      all.fraction(all.flushed),
-                      all.fraction(all.subnormal),
-                      std::numeric_limits<double>::quiet_NaN(),
-                      std::move(layers),
-                      skipped_now,
-                      sharded_ ? found_inf_here_ : skipped_now};
+    return StepRow{step_ - 1,
+                   0,
+                   stats.loss,
+                   scaler_->get_scale(),
+                   result_.skipped,
+                   all.fraction(all.flushed),
+                   all.fraction(all.subnormal),
+                   std::numeric_limits<double>::quiet_NaN(),
+                   std::move(layers),
+                   skipped_now,
+                   sharded_ ? found_inf_here_ : skipped_now,
+                   mode_.name,
+                   total_};
   }
 
   // Every rank takes part (the bookmark and the shards' gather are
@@ -708,7 +728,7 @@ class ModeRun {
   const at::ScalarType storage_;  // what activations round-trip through
   const size_t n_act_;
 
-  ModeSummary result_;
+  ModeResult result_;
   std::shared_ptr<Net> net_;
   std::vector<at::Tensor> params_, mine_;
   std::vector<int> owner_;
@@ -730,9 +750,9 @@ class ModeRun {
 
 }  // namespace
 
-ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& test,
-                       const Config& config, const Hooks& hooks, const std::string& resume_from,
-                       const Parallel& parallel) {
+ModeResult train_mode(int64_t mode_index, const Dataset& train, const Dataset& test,
+                      const Config& config, const Hooks& hooks, const std::string& resume_from,
+                      const Parallel& parallel) {
   ModeRun run(mode_index, train, test, config, hooks, parallel);
   run.resume(resume_from);
   run.distribute();

@@ -68,7 +68,7 @@ struct Config {
 };
 
 /// One optimizer step of one mode.
-struct StepRecord {
+struct StepRow {
   int64_t step;
   int epoch;
   double loss;           // the batch's (unscaled) loss
@@ -80,10 +80,12 @@ struct StepRecord {
   std::vector<double> layer_underflow;  // `underflow` per activation, input side first
   bool skipped_here = false;            // the scaler skipped this step
   bool found_inf_here = false;          // this rank's own gradients held an inf/NaN
+  std::string mode;                     // the mode's name
+  int64_t total = 0;                    // the mode's steps
 };
 
 /// What the table shows of one finished mode.
-struct ModeSummary {
+struct ModeResult {
   std::string mode;
   bool scaled = false;
   double final_loss = 0;     // cross-entropy over the training set, float32 forward
@@ -150,14 +152,7 @@ using torchamp_apps::read_position;
 using torchamp_apps::save_position;
 
 /// What train_mode reports and asks for along the way.
-struct Hooks {
-  /// After every step (metrics.csv's row, the progress line).
-  std::function<void(const std::string& mode, const StepRecord&, int64_t total_steps)> step;
-  /// Before a checkpoint: flush the logs and record their sizes.
-  std::function<void(Position&)> bookmark;
-  int64_t checkpoint_every = 0;  // steps; 0: none
-  std::string checkpoint_path;   // written atomically (a temporary name, then a rename)
-};
+using Hooks = torchamp_apps::Hooks<StepRow>;
 
 /// The initial weights (the same in every mode) and the split, for the
 /// Python comparison: a torch::pickle_save'd dict that Python's torch.load
@@ -170,8 +165,8 @@ void save_initial(const std::string& path, const Config& config, const Dataset& 
 /// mode (its model, optimizer, scaler and counters), else from the start.
 /// On more than one process every rank calls it (the hooks too: a bookmark
 /// is a collective); rank 0 alone writes checkpoints.
-ModeSummary train_mode(int64_t mode_index, const Dataset& train, const Dataset& test,
-                       const Config& config, const Hooks& hooks, const std::string& resume_from,
-                       const Parallel& parallel);
+ModeResult train_mode(int64_t mode_index, const Dataset& train, const Dataset& test,
+                      const Config& config, const Hooks& hooks, const std::string& resume_from,
+                      const Parallel& parallel);
 
 }  // namespace torchamp_train
