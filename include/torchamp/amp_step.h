@@ -55,14 +55,20 @@ class StepSupportsAmpScaling {
  public:
   virtual ~StepSupportsAmpScaling() = default;
 
-  /// Whether `amp_step` can take this step's gradients (asked by
-  /// `GradScaler::step` before it checks them). When false the scaler treats
-  /// the optimizer as any other: it unscales the gradients itself and calls
-  /// `step()`, or skips it.
+  /// Whether `amp_step` can take this step's gradients: a question, which
+  /// changes nothing. When false the scaler treats the optimizer as any
+  /// other: it unscales the gradients itself and calls `step()`, or skips it.
   virtual bool supports_amp_scaling() const = 0;
 
+  /// The step's preparation, which the scaler calls (not
+  /// `supports_amp_scaling()`) right before it checks the gradients: the
+  /// same answer, and an optimizer may ready its `amp_step` here (torchamp's
+  /// fused ones validate their step cache and note each parameter's data).
+  /// The default only asks `supports_amp_scaling()`.
+  virtual bool prepare_amp_step() { return supports_amp_scaling(); }
+
   /// One step. Called by `GradScaler::step` (once per iteration, only after
-  /// `supports_amp_scaling()` returned true), with the scale unless `unscale_`
+  /// `prepare_amp_step()` returned true), with the scale unless `unscale_`
   /// already ran, and with the agreed overflow flag.
   virtual void amp_step(const AmpStepArgs& args) = 0;
 

@@ -88,7 +88,8 @@ class FusedState {
   FusedState(const FusedState& other) = delete;
   FusedState& operator=(const FusedState& other) = delete;
   struct Impl;
-  Impl& impl() const { return *impl_; }
+  Impl& impl() { return *impl_; }
+  const Impl& impl() const { return *impl_; }
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -116,9 +117,10 @@ struct FusedTraits<torch::optim::AdamW> {
 /// `step()` is the fused step when `supports_amp_scaling()`, else the base
 /// class's. `supports_amp_scaling()`: whether the fused update takes this
 /// step's gradients (dense, contiguous, the parameters' own supported dtype and
-/// device); it prepares the update, which `amp_step(args)` right after it uses.
-/// With master weights or stochastic rounding a step the fused update cannot
-/// take throws instead (the errors of `FusedOptions`), changing nothing.
+/// device), a question that changes nothing; `prepare_amp_step()`, which the
+/// scaler calls, gives the same answer and readies the update that
+/// `amp_step(args)` right after it uses. With master weights or stochastic rounding a step the
+/// fused update cannot take throws instead (the errors of `FusedOptions`), changing nothing.
 template <class Base>
 class Fused : public Base, public StepSupportsAmpScaling {
  public:
@@ -130,6 +132,9 @@ class Fused : public Base, public StepSupportsAmpScaling {
   ~Fused() override;
   at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override;
   bool supports_amp_scaling() const override;
+  /// The step's walk: validates the step cache and notes each parameter's
+  /// data for the `amp_step` right after it (the scaler calls it).
+  bool prepare_amp_step() override;
   void amp_step(const AmpStepArgs& args) override;
   /// true: a device scaler's flag and scale go to ATen's ops as tensors (no
   /// host read; a skipped step is undone on the device, as Python's fused

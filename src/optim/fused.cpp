@@ -29,7 +29,7 @@ at::Tensor fused_or_base_step(Self& self, torch::optim::Optimizer::LossClosure c
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  if (self.supports_amp_scaling()) {
+  if (self.prepare_amp_step()) {
     self.amp_step(AmpStepArgs());
   } else {
     self.Base::step(nullptr);
@@ -137,6 +137,13 @@ at::Tensor Fused<Base>::step(torch::optim::Optimizer::LossClosure closure) {
 template <class Base>
 bool Fused<Base>::supports_amp_scaling() const {
   const auto& f = fused_.impl();
+  return can_fuse<typename Update<Base>::State>(*this, f.masters.on(), f.rounding.on, f.aten_on_cpu,
+                                                Update<Base>::tensors);
+}
+
+template <class Base>
+bool Fused<Base>::prepare_amp_step() {
+  auto& f = fused_.impl();
   return prepare<typename Update<Base>::State>(*this, f.cache.plan(), f.masters, f.rounding.on,
                                                f.aten_on_cpu, Update<Base>::tensors);
 }
@@ -156,8 +163,10 @@ template <class Base>
 void Fused<Base>::save(torch::serialize::OutputArchive& archive) const {
   // The counts a device scaler's steps left on the device: the state's own
   // (a cache of them, brought up to date), so saving changes nothing a
-  // caller can observe but the counts becoming current.
-  sync_host_steps(const_cast<Fused&>(*this), fused_.impl());
+  // caller can observe but the counts becoming current. LibTorch's save()
+  // is const: this is the one const member that writes, and only those.
+  auto& self = const_cast<Fused&>(*this);
+  sync_host_steps(self, self.fused_.impl());
   Base::save(archive);
   save_masters(*this, fused_.impl().masters, archive);
   save_rounding(fused_.impl().rounding, archive);

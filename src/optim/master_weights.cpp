@@ -1,7 +1,6 @@
 #include "optim/master_weights.h"
 
 #include "optim/aten_masters.h"
-#include "optim/step_cache.h"
 
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
@@ -16,8 +15,7 @@ MasterWeights::~MasterWeights() = default;
 
 // A parameter's master weight, made at its first step: exactly the
 // parameter's value (a bfloat16 parameter's remainder is zero).
-void* make_master(const MasterWeights& masters, const CachedParam& c) {
-  const at::Tensor& p = c.param;
+void* make_master(MasterWeights& masters, const at::Tensor& p) {
   at::Tensor master = p.scalar_type() == at::kBFloat16
                           ? at::zeros(p.sizes(), p.options().dtype(at::kShort))
                           : p.to(at::kFloat).contiguous();

@@ -54,7 +54,8 @@ class MasterWeights {
   MasterWeights& operator=(const MasterWeights& other) = delete;
   bool on() const { return on_; }
   struct Store;
-  Store& store() const { return *store_; }
+  Store& store() { return *store_; }
+  const Store& store() const { return *store_; }
 
  private:
   bool on_;
@@ -72,11 +73,9 @@ struct MasterWeights::Store {
   uint64_t version = 0;  // bumped by every change of `entries`
 };
 
-struct CachedParam;
-
 // A parameter's master weight, made at its first step: exactly the
 // parameter's value (a bfloat16 parameter's remainder is zero); its data.
-void* make_master(const MasterWeights& masters, const CachedParam& c);
+void* make_master(MasterWeights& masters, const at::Tensor& param);
 
 // The archive entry of the master weights (save), and reading and checking
 // one against the optimizer, changing nothing (load).

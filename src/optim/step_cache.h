@@ -31,7 +31,8 @@ class StepCache {
   StepCache(const StepCache& other);
   StepCache& operator=(const StepCache& other);
   struct Plan;
-  Plan& plan() const { return *plan_; }
+  Plan& plan() { return *plan_; }
+  const Plan& plan() const { return *plan_; }
 
  private:
   std::unique_ptr<Plan> plan_;
@@ -59,7 +60,7 @@ struct CachedParam {
   int64_t master_numel = 0;
 };
 
-// What supports_amp_scaling() found for the amp_step() right after it: the
+// What prepare_amp_step() found for the amp_step() right after it: the
 // parameters with a gradient this step, and their state (null: none yet).
 struct ReadyParam {
   size_t index;  // into StepCache::Plan::params
@@ -116,16 +117,23 @@ inline bool same_state(const CachedParam& c, const ParamState* st, const StateTe
   return true;
 }
 
-// Whether a state the cache has not seen can take the fused update (its
-// tensors dense, contiguous, of the parameter's dtype and device); if so the
-// cache keeps it.
-inline bool accept_state(CachedParam& c, const ParamState* st, const StateTensors& ts) {
-  for (size_t k = 0; k < ts.size(); ++k) {
-    const at::Tensor& t = *ts[k];
-    if (t.defined() &&
-        (!dense_on(t, c.state_dtype, c.param.device()) || t.numel() != c.param.numel())) {
+// Whether a state's tensors can take the fused update: dense, contiguous,
+// of `dtype` (the state's: float32 with a master) and of the parameter's
+// device and size.
+inline bool state_fits(const StateTensors& ts, at::ScalarType dtype, const at::Tensor& p) {
+  for (const at::Tensor* t : ts) {
+    if (t->defined() && (!dense_on(*t, dtype, p.device()) || t->numel() != p.numel())) {
       return false;
     }
+  }
+  return true;
+}
+
+// Whether a state the cache has not seen can take the fused update; if so
+// the cache keeps it.
+inline bool accept_state(CachedParam& c, const ParamState* st, const StateTensors& ts) {
+  if (!state_fits(ts, c.state_dtype, c.param)) {
+    return false;
   }
   c.state = st;
   for (size_t k = 0; k < ts.size(); ++k) {
@@ -188,6 +196,61 @@ inline void prefetch_storages(const StepCache::Plan& plan, size_t i) {
 // A parameter stochastic rounding does not apply to (not bfloat16).
 [[noreturn]] void refuse_stochastic(size_t group, size_t index, const at::Tensor& p);
 
+// The verdict on one parameter with a gradient, the same in the step's walk
+// and in the question (can_fuse): whether it, and its state
+// (`state_fits_now()`), can take the fused update. With master weights or
+// stochastic rounding (`must_fuse`) one that cannot throws instead.
+template <class StateFits>
+bool param_can_fuse(const at::Tensor& p, const at::Tensor& grad, bool stochastic, bool must_fuse,
+                    bool aten_on_cpu, size_t group, size_t index, StateFits state_fits_now) {
+  if (stochastic && p.scalar_type() != at::kBFloat16) {
+    refuse_stochastic(group, index, p);
+  }
+  if (!fusable_param(p, grad, stochastic, aten_on_cpu)) {
+    if (must_fuse) {
+      refuse_unfusable(group, index, p, grad, "parameter or gradient", stochastic);
+    }
+    return false;
+  }
+  if (!state_fits_now()) {
+    if (must_fuse) {
+      refuse_unfusable(group, index, p, grad, "state", stochastic);
+    }
+    return false;
+  }
+  return true;
+}
+
+// supports_amp_scaling(): the walk's verdict without the walk's cache,
+// changing nothing (no state remembered, no master made or dropped).
+template <class State, class TensorsOf>
+bool can_fuse(const torch::optim::Optimizer& opt, bool masters_on, bool stochastic,
+              bool aten_on_cpu, TensorsOf tensors_of) {
+  const auto& state = opt.state();
+  const auto& groups = opt.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& params = groups[g].params();
+    for (size_t k = 0; k < params.size(); ++k) {
+      const at::Tensor& p = params[k];
+      const at::Tensor& grad = p.unsafeGetTensorImpl()->grad();
+      if (!grad.defined()) {
+        continue;
+      }
+      const at::ScalarType state_dtype =
+          masters_on && low_precision(p.scalar_type()) ? at::kFloat : p.scalar_type();
+      auto fits = [&] {
+        const auto it = state.find(compat::optim_state_key(state, p));
+        return it == state.end() ||
+               state_fits(tensors_of(static_cast<const State&>(*it->second)), state_dtype, p);
+      };
+      if (!param_can_fuse(p, grad, stochastic, masters_on || stochastic, aten_on_cpu, g, k, fits)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 // The one walk of a step: checks that every parameter with a gradient can
 // take the fused update (parameter, gradient and state dense, contiguous,
 // of one supported dtype, on the CPU or, with ATen's fused ops, CUDA) and
@@ -200,9 +263,8 @@ inline void prefetch_storages(const StepCache::Plan& plan, size_t i) {
 // (`stochastic`), a step the fused update cannot take throws instead.
 // `aten_on_cpu`: CPU parameters take ATen's ops too (takes_aten).
 template <class State, class TensorsOf>
-bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
-             const MasterWeights& masters, bool stochastic, bool aten_on_cpu,
-             TensorsOf tensors_of) {
+bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan, MasterWeights& masters,
+             bool stochastic, bool aten_on_cpu, TensorsOf tensors_of) {
   plan.prepared = false;
   plan.ready.clear();
   const auto& groups = opt.param_groups();
@@ -267,25 +329,17 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
     if (!grad.defined()) {
       continue;
     }
-    if (c.stochastic && p.scalar_type() != at::kBFloat16) {
-      refuse_stochastic(c.group, c.index, p);
-    }
-    const bool must_fuse = masters.on() || c.stochastic;
-    if (!fusable_param(p, grad, c.stochastic, aten_on_cpu)) {
-      if (must_fuse) {
-        refuse_unfusable(c.group, c.index, p, grad, "parameter or gradient", c.stochastic);
-      }
-      return false;
-    }
     ParamState* st = plan.found[i];
-    if (st != nullptr) {
-      const StateTensors ts = tensors_of(static_cast<const State&>(*st));
-      if (!same_state(c, st, ts) && !accept_state(c, st, ts)) {
-        if (must_fuse) {
-          refuse_unfusable(c.group, c.index, p, grad, "state", c.stochastic);
-        }
-        return false;
+    auto fits = [&] {
+      if (st == nullptr) {
+        return true;
       }
+      const StateTensors ts = tensors_of(static_cast<const State&>(*st));
+      return same_state(c, st, ts) || accept_state(c, st, ts);
+    };
+    if (!param_can_fuse(p, grad, c.stochastic, masters.on() || c.stochastic, aten_on_cpu, c.group,
+                        c.index, fits)) {
+      return false;
     }
     void* master_data = nullptr;
     if (c.master) {
@@ -307,18 +361,18 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan,
   return true;
 }
 
-// amp_step's start: what supports_amp_scaling() prepared, or a walk of its
+// amp_step's start: what prepare_amp_step() prepared, or a walk of its
 // own when called alone. Throws, before anything is written, when the step
 // cannot be fused.
 template <class State, class TensorsOf>
-StepCache::Plan& ready_plan(const torch::optim::Optimizer& opt, const StepCache& cache,
-                            const MasterWeights& masters, bool stochastic, bool aten_on_cpu,
+StepCache::Plan& ready_plan(const torch::optim::Optimizer& opt, StepCache& cache,
+                            MasterWeights& masters, bool stochastic, bool aten_on_cpu,
                             TensorsOf tensors_of) {
   StepCache::Plan& plan = cache.plan();
   if (!plan.prepared) {
     TORCH_CHECK(prepare<State>(opt, plan, masters, stochastic, aten_on_cpu, tensors_of),
                 "amp_step: this step's parameters, gradients or state cannot take the fused "
-                "update (supports_amp_scaling() is false)");
+                "update (prepare_amp_step() is false)");
   }
   plan.prepared = false;
   return plan;

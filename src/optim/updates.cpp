@@ -194,7 +194,7 @@ uint64_t noise_key(const StochasticRounding& rounding, const CachedParam& c, siz
 template <class Options, class State>
 void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const AmpStepArgs& args,
                 bool decoupled) {
-  const MasterWeights& masters = f.masters;
+  MasterWeights& masters = f.masters;
   StochasticRounding& rounding = f.rounding;
   StepCache::Plan& plan =
       ready_plan<State>(opt, f.cache, masters, rounding.on, f.aten_on_cpu, adam_tensors<State>);
@@ -240,7 +240,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
       remember_state(c, st, adam_tensors<State>);
     }
     if (c.master && r.master_data == nullptr) {
-      r.master_data = make_master(masters, c);
+      r.master_data = make_master(masters, c.param);
     }
     const at::Tensor& grad = *r.grad;
     if (takes_aten(p, f.aten_on_cpu)) {
@@ -319,7 +319,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
 // SGD's fused update (torchamp's kernels on the CPU, ATen's fused op on
 // CUDA), beside adam_fused.
 void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const AmpStepArgs& args) {
-  const MasterWeights& masters = f.masters;
+  MasterWeights& masters = f.masters;
   StochasticRounding& rounding = f.rounding;
   StepCache::Plan& plan = ready_plan<torch::optim::SGDParamState>(
       opt, f.cache, masters, rounding.on, f.aten_on_cpu, sgd_tensors);
@@ -362,7 +362,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
       buffer = st.momentum_buffer();
     }
     if (c.master && r.master_data == nullptr) {
-      r.master_data = make_master(masters, c);
+      r.master_data = make_master(masters, c.param);
     }
     const at::Tensor& grad = *r.grad;
     if (takes_aten(p, f.aten_on_cpu)) {

@@ -395,7 +395,7 @@ StepResult GradScaler::step(torch::optim::Optimizer& optimizer) {
   auto it = per_optimizer_.find(&optimizer);
   // Python's _step_supports_amp_scaling: the optimizer takes the scale.
   auto* amp = dynamic_cast<StepSupportsAmpScaling*>(&optimizer);
-  if (amp != nullptr && !amp->supports_amp_scaling()) {
+  if (amp != nullptr && !amp->prepare_amp_step()) {
     amp = nullptr;
   }
   if (it == per_optimizer_.end()) {  // ready: unscale here, or only check for amp_step
@@ -513,7 +513,7 @@ double GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double ma
   }
   check_ready_for_unscale_(optimizer);
   auto* amp = dynamic_cast<StepSupportsAmpScaling*>(&optimizer);
-  if (amp == nullptr || !amp->supports_amp_scaling()) {
+  if (amp == nullptr || !amp->prepare_amp_step()) {
     unscale_(optimizer);
     return clip_real_gradients(optimizer, max_norm, per_optimizer_[&optimizer].found_inf);
   }

@@ -891,3 +891,28 @@ TEST(MasterWeights, ExportFloat32RefusesAModelOfAnotherShapeChangingNothing) {
   torchamp_test::expect_throws<c10::ValueError>([&] { opt.export_float32(*model, *plain); },
                                                 "the target module has no parameter 'unused'");
 }
+
+// supports_amp_scaling() is a question: with a parameter taken out of the
+// optimizer it writes nothing (its master stays until a step's walk,
+// prepare_amp_step(), rebuilds the cache and drops it), and it gives the
+// walk's answer, including its typed error for a step masters cannot take.
+TEST(MasterWeights, SupportsAmpScalingIsAQuestionThatChangesNothing) {
+  auto ps = make_params(at::kBFloat16, 31);
+  torchamp::optim::AdamW opt(ps, torch::optim::AdamWOptions(1e-3), kMasters);
+  for (auto& p : ps) {
+    p.mutable_grad() = torch::ones_like(p);
+  }
+  opt.step();
+  const at::Tensor last = ps.back();
+  ASSERT_TRUE(opt.master_weight_storage(last).defined());
+  opt.param_groups()[0].params().pop_back();
+  const auto& asked = opt;  // const: nothing to prepare through
+  EXPECT_TRUE(asked.supports_amp_scaling());
+  EXPECT_TRUE(opt.master_weight_storage(last).defined()) << "the question dropped a master";
+  EXPECT_TRUE(opt.prepare_amp_step());
+  EXPECT_FALSE(opt.master_weight_storage(last).defined()) << "the walk kept a removed master";
+  // A gradient of another dtype: the same typed error from both.
+  ps.front().mutable_grad() = torch::ones({1}, at::kFloat);
+  EXPECT_THROW(asked.supports_amp_scaling(), c10::NotImplementedError);
+  EXPECT_THROW(opt.prepare_amp_step(), c10::NotImplementedError);
+}
