@@ -3,7 +3,7 @@
 // nested guards; Python's non-reentrant rules for grad mode and for segments
 // whose inputs need no grad; typed errors that change nothing. (Against
 // Python's torch.utils.checkpoint: tests/integration/python/checkpoint_parity.py; under
-// DDP: tests/integration/test_data_parallel.cpp.)
+// DDP: tests/integration/distributed/test_data_parallel.cpp.)
 #include <torchamp/autocast.h>
 #include <torchamp/checkpoint.h>
 #include <torchamp/grad_scaler.h>

@@ -1,4 +1,4 @@
-// Compiled (not built) by check_nodiscard.cmake: each line marked
+// Compiled (not built) by style/check_nodiscard.cmake: each line marked
 // "discarded" must draw a warning, the others none. A temporary guard dies
 // at its semicolon and would autocast nothing.
 #include <torchamp/autocast.h>

@@ -1,4 +1,4 @@
-// Compiled (not built) by check_compile_error.cmake: Python's habit,
+// Compiled (not built) by style/check_compile_error.cmake: Python's habit,
 // `ddp.forward(x)`, must fail with one error that says what to pass, not a
 // cascade from inside std::invoke_result_t.
 #include <torchamp/data_parallel.h>

@@ -8,7 +8,7 @@
 # model, optimizer and data it assumes); its #include lines go to the top of
 # the file. A snippet that names DistributedDataParallel is compiled where
 # torchamp is built with distributed support. Every other ```cpp block of the
-# README must be an example file shown verbatim (tests/integration/check_readme_example.cmake
+# README must be an example file shown verbatim (tests/integration/readme/check_example.cmake
 # checks those): a block that is neither fails here, so no C++ on the front
 # page goes unchecked.
 file(READ "${README}" text)

@@ -1,7 +1,7 @@
 #pragma once
 
 // The scenarios of the DistributedDataParallel tests, one rank each (see
-// tests/integration/test_data_parallel.cpp, which starts them as real processes over
+// tests/integration/distributed/test_data_parallel.cpp, which starts them as real processes over
 // loopback Gloo, and tests/integration/python/ddp_parity.py, which runs ddp-train beside
 // Python's own DistributedDataParallel). Ported from PyTorch's DDP tests
 // (torch/testing/_internal/distributed/distributed_test.py, test_c10d_gloo.py)

@@ -1,7 +1,7 @@
 #pragma once
 
 // The scenarios of the distributed scaler tests, one rank each (see
-// tests/integration/test_distributed.cpp, which starts several as real processes over
+// tests/integration/distributed/test_distributed.cpp, which starts several as real processes over
 // loopback). The process group comes from the caller: dist_worker.cpp forms
 // it with torchamp::init_process_group.
 //

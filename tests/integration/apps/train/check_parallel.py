@@ -473,7 +473,7 @@ if TORCHRUN:
 #    repository root; only --out goes to the test's folder, --epochs to 1).
 README = sys.argv[4] if len(sys.argv) > 4 else None
 if README:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 4))
     text = open(README).read().replace("\\\n", " ")
     ran = 0
     for line in text.splitlines():
