@@ -4,6 +4,7 @@
 #include <torchamp/optim.h>
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <stdexcept>
 
 namespace torchamp_apps {
@@ -239,6 +241,21 @@ std::string default_data(const std::string& name, const std::string& built) {
   const std::filesystem::path installed =
       exe.parent_path().parent_path() / "share" / "torchamp" / name;
   return !ec && std::filesystem::exists(installed) ? installed.string() : built;
+}
+
+int run_app(const char* app, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const std::invalid_argument& e) {
+    std::cerr << app << ": error: " << e.what() << "\n";
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << app << ": error: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << app << ": error: " << e.what() << "\n";
+    return 1;
+  }
 }
 
 bool have_gnuplot() {

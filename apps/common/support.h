@@ -8,6 +8,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/output-archive.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -82,6 +83,12 @@ std::string cpu_half_precision_support();
 /// program (<prefix>/share/torchamp/<name>, for <prefix>/bin/<program>),
 /// else `built` (the source or build tree's copy, its path compiled in).
 std::string default_data(const std::string& name, const std::string& built);
+
+/// An app's main after its command line: runs `body` and turns what it
+/// throws into the exit code, with "<app>: error: <what>" on stderr:
+/// std::invalid_argument (a bad option, launch environment, run folder or
+/// data file: nothing was written) 2, anything else 1.
+int run_app(const char* app, const std::function<int()>& body);
 
 /// Whether gnuplot is on PATH, and running a script with it (true on success).
 bool have_gnuplot();

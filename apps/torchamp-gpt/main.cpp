@@ -556,7 +556,7 @@ int main(int argc, char** argv) {
   if (const int rc = parse(argc, argv, a); rc >= 0) {
     return rc;
   }
-  try {
+  return torchamp_apps::run_app(kApp, [&] {
     if (a.list_modes) {
       for (const auto& m : known_modes()) {
         std::printf("%-17s %-12s %s\n", m.name.c_str(),
@@ -569,14 +569,5 @@ int main(int argc, char** argv) {
       return 0;
     }
     return train(a);
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "torchamp-gpt: error: " << e.what() << "\n";
-    return 2;
-  } catch (const c10::Error& e) {
-    std::cerr << "torchamp-gpt: error: " << e.what_without_backtrace() << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "torchamp-gpt: error: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

@@ -301,8 +301,8 @@ std::string task_help() {
 }
 
 // A bad option or an impossible run: the message, exit 2, nothing written.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct UsageError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
 };
 
 // The command line.
@@ -615,7 +615,7 @@ RunFolder open_folder(const Args& a, Config& config, int world) {
   // Every rank knows the same folder: without --out, rank 0's clock names
   // it (all ranks start within a second, but need not agree on which).
   if (a.out_dir.empty() && world > 1) {
-    throw UsageError("error: on more than one process give --out (or --resume)");
+    throw UsageError("on more than one process give --out (or --resume)");
   }
   config = a.config;
   check_runnable(config, a, world);
@@ -692,24 +692,13 @@ int main(int argc, char** argv) {
   if (const int rc = parse(argc, argv, a); rc >= 0) {
     return rc;
   }
-  try {
+  return torchamp_apps::run_app(kApp, [&] {
     const auto env = torchamp_apps::LaunchEnv::from_environment();
     complete(a.config, a, env);
-    return train(a, env);
-  } catch (const UsageError& e) {
-    std::cerr << e.what() << "\n";
-    return 2;
-  } catch (const DataError& e) {
-    std::cerr << "--data: " << e.what() << "\n";
-    return 2;
-  } catch (const std::invalid_argument& e) {  // the launch, the run folder, a name
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  } catch (const c10::Error& e) {
-    std::cerr << "error: " << e.what_without_backtrace() << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  }
+    try {
+      return train(a, env);
+    } catch (const DataError& e) {
+      throw std::invalid_argument(std::string("--data: ") + e.what());
+    }
+  });
 }
