@@ -86,7 +86,7 @@ torchamp_wheel_venv() {
 # wheels are CUDA builds: Debian 13's Python 3.13 gets one), the wheel's CMake
 # config needs a CUDA toolkit (nvcc, cudart) to configure, even for CPU-only
 # use. pip then also brings NVIDIA's toolkit of the version the wheel pins
-# (cuda-toolkit[nvcc,cudart]) into the same venv, plus the two links CMake and
+# (cuda-toolkit[nvcc,cudart,cccl]) into the same venv, plus the two links CMake and
 # nvcc look for (unversioned lib*.so names, lib64), and these arguments point
 # CMake at it. Nothing outside the venv is touched.
 torchamp_wheel_cuda_args() {
@@ -103,12 +103,14 @@ PY
   [ -n "$info" ] || return 0
   read -r major version site <<<"$info"
   root="$site/nvidia/cu$major"
-  if [ ! -x "$root/bin/nvcc" ]; then
+  # cccl: CUDA's own headers include <nv/target> (libcu++), which c10d's NCCL
+  # headers reach through cuda_fp16.h (failed in a Debian 13 root without it).
+  if [ ! -x "$root/bin/nvcc" ] || [ ! -e "$root/include/nv/target" ]; then
     echo "== pip: this Python's torch is a CUDA $version build (no CPU wheel for it);" \
-      "its CMake config needs a CUDA toolkit: cuda-toolkit[nvcc,cudart]==$version" >&2
-    "$venv/bin/pip" install -q "cuda-toolkit[nvcc,cudart]==$version" >&2
+      "its CMake config needs a CUDA toolkit: cuda-toolkit[nvcc,cudart,cccl]==$version" >&2
+    "$venv/bin/pip" install -q "cuda-toolkit[nvcc,cudart,cccl]==$version" >&2
   fi
-  [ -x "$root/bin/nvcc" ] && [ -d "$root/lib" ] ||
+  [ -x "$root/bin/nvcc" ] && [ -d "$root/lib" ] && [ -e "$root/include/nv/target" ] ||
     { echo "error: no CUDA toolkit at $root after pip installed it" >&2; return 1; }
   for f in "$root"/lib/lib*.so.*; do
     [ -e "${f%%.so.*}.so" ] || ln -s "$(basename "$f")" "${f%%.so.*}.so"
