@@ -27,11 +27,13 @@ float16 autocast and GradScaler: 2.3 and newer).
 import argparse
 import csv
 import ctypes
-import importlib
 import math
 import os
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "common"))
+from twin import load_from_cpp, read_run_options  # noqa: E402
 
 import torch
 import torch.nn.functional as F
@@ -60,17 +62,6 @@ def offsets(seed, stream, step, first, count, length, context):
     """corpus.cpp's offsets(): the start of each window of a (micro-)batch."""
     base = splitmix64(splitmix64(seed) ^ ((stream << 62) & MASK) ^ (step & MASK))
     return [splitmix64(base ^ g) % (length - context) for g in range(first, first + count)]
-
-
-def load_from_cpp(path):
-    """torch.load of what torch::pickle_save wrote (LibTorch tags its dicts
-    with torch.jit._pickle.restore_type_tag, which the weights_only loader,
-    the default from 2.6, must be allowed to call)."""
-    if hasattr(torch.serialization, "safe_globals"):
-        tags = importlib.import_module("torch.jit._pickle")
-        with torch.serialization.safe_globals([tags.restore_type_tag]):
-            return torch.load(path)
-    return torch.load(path)
 
 
 class Block(torch.nn.Module):
@@ -172,8 +163,7 @@ def reset_peak_rss():
 
 
 def read_options(run_dir):
-    with open(os.path.join(run_dir, "options.txt")) as f:
-        raw = dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
+    raw = read_run_options(run_dir)
     o = dict(raw)
     for k in ("layers", "heads", "d_model", "context", "vocab", "batch_size", "accum", "steps",
               "warmup", "eval_every", "eval_batches", "growth_interval", "seed", "world",

@@ -18,34 +18,18 @@ identical and every step's loss agrees within --loss-rtol (relative, default
 """
 import argparse
 import csv
-import importlib
 import math
 import os
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "common"))
+from twin import load_from_cpp, read_run_options  # noqa: E402
+
 import torch
 import torch.nn.functional as F
 
 TORCH_MINOR = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-
-
-def load_from_cpp(path):
-    """torch.load of what torch::pickle_save wrote (LibTorch tags its dicts
-    with torch.jit._pickle.restore_type_tag, which the weights_only loader,
-    the default from 2.6, must be allowed to call)."""
-    if hasattr(torch.serialization, "safe_globals"):
-        tags = importlib.import_module("torch.jit._pickle")
-        with torch.serialization.safe_globals([tags.restore_type_tag]):
-            return torch.load(path)
-    return torch.load(path)
-
-
-def read_config(run_dir):
-    # options.txt; config.txt in a folder written before the apps shared one.
-    name = "options.txt" if os.path.exists(os.path.join(run_dir, "options.txt")) else "config.txt"
-    with open(os.path.join(run_dir, name)) as f:
-        return dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
 
 
 class Net(torch.nn.Module):
@@ -163,7 +147,7 @@ def main():
         print(f"torch {torch.__version__} has no CPU GradScaler (torch.amp.GradScaler('cpu') "
               "came with 2.3): nothing to compare")
         return 77
-    cfg = read_config(args.run_dir)
+    cfg = read_run_options(args.run_dir)
     init = load_from_cpp(os.path.join(args.run_dir, "initial.pt"))
     cpp = read_csv(os.path.join(args.run_dir, "metrics.csv"))
     cpp_summary = {r["mode"]: r for r in read_csv(os.path.join(args.run_dir, "summary.csv"))}
