@@ -90,6 +90,19 @@ std::string default_data(const std::string& name, const std::string& built);
 /// data file: nothing was written) 2, anything else 1.
 int run_app(const char* app, const std::function<int()>& body);
 
+/// An app's whole main: `parse` fills `Args` from the command line and
+/// returns -1 to go on (else the exit code: --help, a bad option), then
+/// run_app runs `body` on them.
+template <class Args>
+int app_main(const char* app, int argc, char** argv, int (*parse)(int, char**, Args&),
+             const std::function<int(Args&)>& body) {
+  Args args;
+  if (const int rc = parse(argc, argv, args); rc >= 0) {
+    return rc;
+  }
+  return run_app(app, [&] { return body(args); });
+}
+
 /// Whether gnuplot is on PATH, and running a script with it (true on success).
 bool have_gnuplot();
 bool run_gnuplot(const std::string& script_path);

@@ -552,11 +552,7 @@ int train(Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a;
-  if (const int rc = parse(argc, argv, a); rc >= 0) {
-    return rc;
-  }
-  return torchamp_apps::run_app(kApp, [&] {
+  return torchamp_apps::app_main<Args>(kApp, argc, argv, parse, [](Args& a) {
     if (a.list_modes) {
       for (const auto& m : known_modes()) {
         std::printf("%-17s %-12s %s\n", m.name.c_str(),

@@ -688,11 +688,7 @@ int train(Args& a, const torchamp_apps::LaunchEnv& env) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a;
-  if (const int rc = parse(argc, argv, a); rc >= 0) {
-    return rc;
-  }
-  return torchamp_apps::run_app(kApp, [&] {
+  return torchamp_apps::app_main<Args>(kApp, argc, argv, parse, [](Args& a) {
     const auto env = torchamp_apps::LaunchEnv::from_environment();
     complete(a.config, a, env);
     try {
