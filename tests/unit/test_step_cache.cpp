@@ -17,6 +17,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -131,7 +132,8 @@ void cache_sees(const Options& options, const char* what, const Change& change,
   change(warm);
   set_scaled_grads(warm, 10);
   auto cold = cold_copy<Opt, Options>(warm);
-  EXPECT_EQ(warm.supports_amp_scaling(), fused_after) << what;
+  EXPECT_EQ(std::as_const(warm).supports_amp_scaling(), fused_after) << what;  // the question
+  EXPECT_EQ(warm.prepare_amp_step(), fused_after) << what;  // the warm cache's walk
   torchamp::GradScaler cold_scaler(torchamp::GradScalerOptions().init_scale(kScale));
   for (int s = 0; s < 2; ++s) {
     if (s > 0) {
@@ -259,7 +261,7 @@ TEST(StepCache, SgdSeesItsMomentumBufferReplacedOrErased) {
       });
 }
 
-// amp_step alone (no supports_amp_scaling() before it) walks for itself,
+// amp_step alone (no prepare_amp_step() before it) walks for itself,
 // and throws before writing anything when the step cannot be fused.
 TEST(StepCache, AmpStepAloneRefusesAnUnfusableStepWritingNothing) {
   std::vector<at::Tensor> ps = {torch::randn({10}), torch::randn({10})};
