@@ -458,7 +458,7 @@ void print_banner(const Config& c, const Corpus& corpus, bool pinned,
             << " x " << c.accum << " x " << c.world << " rank(s); " << at::get_num_threads()
             << " thread(s)" << (pinned ? ", MKL pinned to one" : "")
             << "\nCPU: " << torchamp_apps::cpu_half_precision_support() << "\n";
-  if (folder.mid_mode()) {
+  if (folder.continuing()) {  // a checkpoint inside a mode or between two
     std::cout << "resuming at mode " << folder.position().mode_index + 1 << "/" << c.modes.size()
               << ", step " << folder.position().step << " from " << folder.checkpoint() << "\n";
   }
