@@ -7,7 +7,17 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <ATen/core/Tensor.h>
+
 #include <chrono>
+#include <functional>
+#include <memory>
+
+namespace torch {
+namespace nn {
+class Module;
+}
+}  // namespace torch
 
 namespace torchamp_apps {
 
@@ -34,5 +44,33 @@ bool have_process_groups();
 /// form.
 c10::intrusive_ptr<c10d::ProcessGroup> form_group(const LaunchEnv& env,
                                                   std::chrono::milliseconds timeout);
+
+/// A model's gradients summed over the group during backward
+/// (torchamp::DistributedDataParallel, summed rather than averaged: each
+/// rank weights its own loss), or nothing on one process and in a build
+/// without process groups.
+class DataParallel {
+ public:
+  DataParallel();
+  /// Null `group`: one process, every call passes through.
+  DataParallel(std::shared_ptr<torch::nn::Module> model,
+               c10::intrusive_ptr<c10d::ProcessGroup> group);
+  ~DataParallel();
+  DataParallel(DataParallel&&) noexcept;
+  DataParallel& operator=(DataParallel&&) noexcept;
+
+  /// `forward()` under DDP while the model trains (its hooks arm the
+  /// reduction), else as it is.
+  at::Tensor forward(const std::function<at::Tensor()>& forward, bool training);
+  /// While the returned guard lives, backward's gradients stay local (DDP's
+  /// no_sync) when `local`; an empty guard otherwise.
+  std::shared_ptr<void> no_sync(bool local);
+  /// `local` summed over the group.
+  double sum(double local);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace torchamp_apps

@@ -3,10 +3,14 @@
 
 #include "launch.h"
 
+#include <torchamp/data_parallel.h>
 #include <torchamp/process_group.h>
+
+#include <ATen/ops/tensor.h>
 
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -32,4 +36,45 @@ c10::intrusive_ptr<c10d::ProcessGroup> form_group(const LaunchEnv& env,
                              ": cannot form the Gloo group: " + e.what_without_backtrace());
   }
 }
+struct DataParallel::Impl {
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  std::optional<torchamp::DistributedDataParallel> ddp;
+};
+
+DataParallel::DataParallel() : impl_(std::make_unique<Impl>()) {}
+
+DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
+                           c10::intrusive_ptr<c10d::ProcessGroup> group)
+    : impl_(std::make_unique<Impl>()) {
+  if (group) {
+    impl_->group = group;
+    impl_->ddp.emplace(std::move(model), std::move(group),
+                       torchamp::DistributedDataParallelOptions().average_gradients(false));
+  }
+}
+
+DataParallel::~DataParallel() = default;
+DataParallel::DataParallel(DataParallel&&) noexcept = default;
+DataParallel& DataParallel::operator=(DataParallel&&) noexcept = default;
+
+at::Tensor DataParallel::forward(const std::function<at::Tensor()>& forward, bool training) {
+  return impl_->ddp && training ? impl_->ddp->forward(forward) : forward();
+}
+
+std::shared_ptr<void> DataParallel::no_sync(bool local) {
+  if (!impl_->ddp || !local) {
+    return {};
+  }
+  return std::make_shared<torchamp::DistributedDataParallel::NoSync>(impl_->ddp->no_sync());
+}
+
+double DataParallel::sum(double local) {
+  if (!impl_->group) {
+    return local;
+  }
+  std::vector<at::Tensor> v{at::tensor({local}, at::kDouble)};
+  impl_->group->allreduce(v)->wait();
+  return v[0].item<double>();
+}
+
 }  // namespace torchamp_apps

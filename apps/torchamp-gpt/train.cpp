@@ -4,9 +4,7 @@
 #include <torchamp/config.h>
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
-#if TORCHAMP_WITH_DISTRIBUTED
-#include <torchamp/data_parallel.h>
-#endif
+#include "launch.h"
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -96,9 +94,7 @@ struct Trainer {
   GPT model;
   torchamp::optim::AdamW opt;
   torchamp::GradScaler scaler;
-#if TORCHAMP_WITH_DISTRIBUTED
-  std::unique_ptr<torchamp::DistributedDataParallel> ddp;
-#endif
+  torchamp_apps::DataParallel ddp;
 
   Trainer(const Corpus& corpus_, const Config& c_, const Mode& mode_, const Runtime& rt_)
       : corpus(corpus_),
@@ -115,16 +111,10 @@ struct Trainer {
   // Data-parallel from here on (after a resume's load: Module::load gives the
   // parameters new storage, which a Reducer built before would not see).
   void distribute() {
-#if TORCHAMP_WITH_DISTRIBUTED
-    if (rt.group) {
-      // Summed, not averaged: each rank's loss is already weighted by its
-      // share (micro_step), so a rank's float16 activation gradients are the
-      // size of the one-process run's and overflow where they do.
-      ddp = std::make_unique<torchamp::DistributedDataParallel>(
-          model.ptr(), rt.group,
-          torchamp::DistributedDataParallelOptions().average_gradients(false));
-    }
-#endif
+    // Summed, not averaged: each rank's loss is already weighted by its
+    // share (micro_step), so a rank's float16 activation gradients are the
+    // size of the one-process run's and overflow where they do.
+    ddp = torchamp_apps::DataParallel(model.ptr(), rt.group);
   }
 
   at::Tensor logits(const at::Tensor& x) {
@@ -132,12 +122,7 @@ struct Trainer {
     if (mode.autocast) {
       guard.emplace(mode.device, *mode.autocast);
     }
-#if TORCHAMP_WITH_DISTRIBUTED
-    if (ddp && model->is_training()) {
-      return ddp->forward([&] { return model->forward(x); });
-    }
-#endif
-    return model->forward(x);
+    return ddp.forward([&] { return model->forward(x); }, model->is_training());
   }
 
   at::Tensor loss_of(const at::Tensor& split, const std::vector<int64_t>& starts) {
@@ -154,27 +139,13 @@ struct Trainer {
     torch::manual_seed(dropout_seed(c, step, micro));
     const auto starts = offsets(c.seed, 0, step, micro * c.batch_size, c.batch_size,
                                 corpus.train.size(0), c.model.context);
-#if TORCHAMP_WITH_DISTRIBUTED
-    std::optional<torchamp::DistributedDataParallel::NoSync> no_sync;
-    if (ddp && m + 1 < c.accum) {
-      no_sync.emplace(ddp->no_sync());  // these gradients stay local
-    }
-#endif
+    const auto no_sync = ddp.no_sync(m + 1 < c.accum);  // these gradients stay local
     const auto loss = loss_of(corpus.train, starts) / static_cast<double>(c.accum * c.world);
     scaler.scale(loss).backward();
     return loss.item<double>();
   }
 
-  double global_sum(double local) {
-#if TORCHAMP_WITH_DISTRIBUTED
-    if (rt.group) {
-      std::vector<at::Tensor> v{torch::tensor({local}, at::kDouble)};
-      rt.group->allreduce(v)->wait();
-      return v[0].item<double>();
-    }
-#endif
-    return local;
-  }
+  double global_sum(double local) { return ddp.sum(local); }
 
   double validate() {
     torch::NoGradGuard no_grad;
