@@ -1,5 +1,9 @@
 #include "parallel.h"
 
+#if TORCHAMP_WITH_DISTRIBUTED
+#include <torchamp/distributed.h>
+#endif
+
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -257,12 +261,21 @@ Parallel form_parallel(const torchamp_apps::LaunchEnv& env, const std::string& m
   return Parallel(torchamp_apps::form_group(env, timeout), mode, timeout);
 }
 
+std::function<bool(bool, c10::Device)> Parallel::found_inf_agreement() const {
+  return distributed() ? torchamp::all_reduce_found_inf(impl_->group, timeout_)
+                       : std::function<bool(bool, c10::Device)>();
+}
+
 #else  // a build without process groups: one process only
 
 Parallel form_parallel(const torchamp_apps::LaunchEnv& env, const std::string&,
                        std::chrono::milliseconds timeout) {
   torchamp_apps::form_group(env, timeout);  // throws on more than one process
   return Parallel();
+}
+
+std::function<bool(bool, c10::Device)> Parallel::found_inf_agreement() const {
+  return {};
 }
 
 void Parallel::guard(const char*, const std::function<void()>& run) const {

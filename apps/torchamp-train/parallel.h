@@ -22,6 +22,7 @@
 #include <torchamp/config.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #if TORCHAMP_WITH_DISTRIBUTED
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -80,6 +81,10 @@ class Parallel {
   /// DistributedDataParallel); a failure becomes the error every collective
   /// here throws, naming this rank, `what` and the timeout.
   void guard(const char* what, const std::function<void()>& run) const;
+  /// The scaler's agreement on overflow over the group
+  /// (torchamp::all_reduce_found_inf, each call at most the timeout): a
+  /// GradScaler::FoundInfReducer. Null on one process.
+  std::function<bool(bool found_inf, c10::Device device)> found_inf_agreement() const;
   /// Every rank's `value`, on every rank.
   std::vector<int64_t> all_gather(int64_t value) const;
   /// Every rank's `bytes`, on rank 0 (empty elsewhere).

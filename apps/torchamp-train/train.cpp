@@ -3,10 +3,6 @@
 #include <torchamp/autocast.h>
 #include <torchamp/checkpoint.h>
 #include <torchamp/config.h>
-#if TORCHAMP_WITH_DISTRIBUTED
-#include <torchamp/data_parallel.h>
-#include <torchamp/distributed.h>
-#endif
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
 
@@ -441,18 +437,16 @@ class ModeRun {
                         .init_scale(config.init_scale)
                         .growth_interval(config.growth_interval)
                         .enabled(mode_.scaler));
-#if TORCHAMP_WITH_DISTRIBUTED
     if (sharded_) {
       // A rank sees only its shard's gradients: without agreement a rank
       // whose shard overflowed would skip alone and the ranks' scales would
       // part.
-      auto agree = torchamp::all_reduce_found_inf(parallel.group(), parallel.timeout());
+      auto agree = parallel.found_inf_agreement();
       scaler_->set_found_inf_reducer([agree, this](bool found_inf, c10::Device d) {
         found_inf_here_ = found_inf_here_ || found_inf;
         return agree(found_inf, d);
       });
     }
-#endif
     state_.counter("skipped", result_.skipped)
         .counter("underflow_total", overall_.total)
         .counter("underflow_flushed", overall_.flushed)
@@ -492,12 +486,9 @@ class ModeRun {
   // (after a resume too: the ranks have loaded the same checkpoint, and
   // construction takes rank 0's parameters anyway).
   void distribute() {
-#if TORCHAMP_WITH_DISTRIBUTED
     if (parallel_.distributed() && !sharded_) {
-      ddp_.emplace(net_, parallel_.group(),
-                   torchamp::DistributedDataParallelOptions().average_gradients(false));
+      ddp_ = torchamp_apps::DataParallel(net_, parallel_.group());
     }
-#endif
   }
 
   void run() {
@@ -583,11 +574,7 @@ class ModeRun {
         device_, fp16_autocast_ ? std::optional<at::ScalarType>(torch::kHalf) : std::nullopt,
         /*enabled=*/mode_.bf16 || fp16_autocast_ || mode_.cuda);
     auto forward = [&] { return net_->forward(x, storage_, &stats, config_.checkpoint_layers); };
-#if TORCHAMP_WITH_DISTRIBUTED
-    return ddp_ ? ddp_->forward(forward) : forward();
-#else
-    return forward();
-#endif
+    return ddp_.forward(forward, true);
   }
 
   // The gradients (new tensors each step where zero_grad sets them to none,
@@ -734,10 +721,8 @@ class ModeRun {
   std::vector<int> owner_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<torchamp::GradScaler> scaler_;
-#if TORCHAMP_WITH_DISTRIBUTED
-  std::optional<torchamp::DistributedDataParallel> ddp_;
-#endif
-  bool found_inf_here_ = false;  // this rank's own gradients, before the group agreed
+  torchamp_apps::DataParallel ddp_;  // data-parallel: the gradients summed in backward
+  bool found_inf_here_ = false;      // this rank's own gradients, before the group agreed
   std::vector<std::pair<int64_t, size_t>> infs_;
   at::Tensor x_train_, y_train_, x_test_, y_test_;
 
