@@ -1,9 +1,9 @@
 #pragma once
 
-// Where this process stands and its process group: the one launch every app
-// under apps/ uses. CMake builds launch.cpp where torchamp has process groups
-// and no_distributed.cpp where it has none (TORCHAMP_WITH_DISTRIBUTED=OFF):
-// the apps' code has no #if for it.
+// Where this process stands, its process group and its model's DDP: the one
+// launch every app under apps/ uses. CMake builds process_group.cpp where
+// torchamp has process groups and no_process_group.cpp where it has none
+// (TORCHAMP_WITH_DISTRIBUTED=OFF): the apps' code has no #if for it.
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -32,9 +32,6 @@ struct LaunchEnv {
   /// one. Without WORLD_SIZE: one process.
   static LaunchEnv from_environment();
 };
-
-/// Whether this build can form a process group (false: no_distributed.cpp).
-bool have_process_groups();
 
 /// The Gloo group of a run on `env.world` > 1 processes, formed as Python's
 /// dist.init_process_group("gloo") is (torchamp::init_process_group), each

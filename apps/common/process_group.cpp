@@ -16,10 +16,6 @@
 
 namespace torchamp_apps {
 
-bool have_process_groups() {
-  return true;
-}
-
 c10::intrusive_ptr<c10d::ProcessGroup> form_group(const LaunchEnv& env,
                                                   std::chrono::milliseconds timeout) {
   if (env.world <= 1) {
