@@ -183,15 +183,15 @@ Position RunState::load(const std::string& path) const {
 
 void RunLogs::start(const std::string& metrics_header, const std::string& summary_header) {
   fs::create_directories(dir_);
-  std::ofstream(path("metrics.csv")) << metrics_header << "\n";
-  std::ofstream(path("summary.csv")) << summary_header << "\n";
+  std::ofstream(path(run_files::kMetrics)) << metrics_header << "\n";
+  std::ofstream(path(run_files::kSummary)) << summary_header << "\n";
   open();
 }
 
 void RunLogs::resume(const Position& p) {
   if (p.metrics_bytes > 0) {
-    fs::resize_file(path("metrics.csv"), static_cast<uintmax_t>(p.metrics_bytes));
-    fs::resize_file(path("summary.csv"), static_cast<uintmax_t>(p.summary_bytes));
+    fs::resize_file(path(run_files::kMetrics), static_cast<uintmax_t>(p.metrics_bytes));
+    fs::resize_file(path(run_files::kSummary), static_cast<uintmax_t>(p.summary_bytes));
   }
   open();
 }
@@ -202,24 +202,24 @@ void RunLogs::bookmark(Position& p) {
   if (!metrics_ || !summary_) {
     throw std::runtime_error("cannot write the logs in " + dir_.string());
   }
-  p.metrics_bytes = static_cast<int64_t>(fs::file_size(path("metrics.csv")));
-  p.summary_bytes = static_cast<int64_t>(fs::file_size(path("summary.csv")));
+  p.metrics_bytes = static_cast<int64_t>(fs::file_size(path(run_files::kMetrics)));
+  p.summary_bytes = static_cast<int64_t>(fs::file_size(path(run_files::kSummary)));
 }
 
 std::vector<std::vector<std::string>> RunLogs::metrics_rows() {
   metrics_.flush();
-  return read_csv(path("metrics.csv"));
+  return read_csv(path(run_files::kMetrics));
 }
 
 std::vector<std::vector<std::string>> RunLogs::summary_rows() {
   summary_.flush();
-  return read_csv(path("summary.csv"));
+  return read_csv(path(run_files::kSummary));
 }
 
 void RunLogs::open() {
-  metrics_.open(path("metrics.csv"), std::ios::app);
+  metrics_.open(path(run_files::kMetrics), std::ios::app);
   metrics_ << std::setprecision(9);
-  summary_.open(path("summary.csv"), std::ios::app);
+  summary_.open(path(run_files::kSummary), std::ios::app);
   if (!metrics_ || !summary_) {
     throw std::runtime_error("cannot open the logs in " + dir_.string());
   }

@@ -23,6 +23,20 @@ class GradScaler;
 
 namespace torchamp_apps {
 
+/// The files of every app's run folder.
+namespace run_files {
+inline constexpr const char* kOptions = "options.txt";  // the run's settings, key=value
+inline constexpr const char* kCheckpoint = "checkpoint.pt";
+inline constexpr const char* kInitial = "initial.pt";   // the initial weights, for the Python twin
+inline constexpr const char* kMetrics = "metrics.csv";  // a row per step
+inline constexpr const char* kSummary = "summary.csv";  // a row per finished mode
+inline constexpr const char* kFinished = "finished";    // written when every mode is done
+inline constexpr const char* kRanks = "ranks";          // ranks/rank<r>.csv: each rank's own log
+/// What torchamp-train called the options file before the apps shared one
+/// folder (read, never written: such a folder still continues).
+inline constexpr const char* kOldOptions = "config.txt";
+}  // namespace run_files
+
 /// Where a run stands: written into every checkpoint.
 struct Position {
   int64_t mode_index = 0;     // into the run's list of modes

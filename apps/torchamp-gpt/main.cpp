@@ -62,7 +62,7 @@ std::string cell(double v) {
 // state).
 void print_table(const fs::path& out, std::ostream& os) {
   using torchamp_apps::format;
-  const auto cpp = read_csv(out / "summary.csv");
+  const auto cpp = read_csv(out / torchamp_apps::run_files::kSummary);
   const auto py = read_csv(out / "python-summary.csv");
   auto find = [](const std::vector<std::vector<std::string>>& rows, const std::string& mode) {
     for (const auto& r : rows) {
@@ -108,8 +108,8 @@ bool plot(const fs::path& out) {
   std::vector<std::string> titles;
   {
     std::ofstream d(data);
-    for (const char* file : {"metrics.csv", "python-metrics.csv"}) {
-      const bool python = std::string(file) != "metrics.csv";
+    for (const char* file : {torchamp_apps::run_files::kMetrics, "python-metrics.csv"}) {
+      const bool python = std::string(file) != torchamp_apps::run_files::kMetrics;
       std::string mode;
       for (const auto& r : read_csv(out / file)) {
         if (r.size() < 3) {
@@ -486,7 +486,8 @@ std::vector<std::string> train_modes(const Args& a, const Corpus& corpus, Runtim
       say_if_slow(find_mode(name));
     }
     Progress progress{c, root ? &folder.logs() : nullptr, log_every};
-    progress.skipped = here && root ? skips_so_far(folder.path("metrics.csv"), name) : 0;
+    progress.skipped =
+        here && root ? skips_so_far(folder.path(torchamp_apps::run_files::kMetrics), name) : 0;
     rt.step = [&](const StepRow& r) { progress(r); };
     ModeResult r = train_mode(corpus, c, i, rt, here ? resume : "");
     r.skipped = progress.skipped;

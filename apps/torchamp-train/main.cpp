@@ -593,7 +593,8 @@ void train_modes(const Config& config, const Dataset& train, const Dataset& test
 void report(RunFolder& folder, const Config& config) {
   const std::vector<ModeResult> results = read_summaries(folder.logs());
   print_table(std::cout, results);
-  std::cout << "\nwrote " << folder.path("metrics.csv").string() << " and summary.csv\n";
+  std::cout << "\nwrote " << folder.path(torchamp_apps::run_files::kMetrics).string() << " and "
+            << torchamp_apps::run_files::kSummary << "\n";
   if (plot(folder.dir(), config, folder.logs().metrics_rows(), results)) {
     std::cout << "wrote loss.png, scale.png, accuracy.png, underflow.png and "
                  "underflow-layers.png there\n";
@@ -638,8 +639,8 @@ int train(Args& a, const torchamp_apps::LaunchEnv& env) {
                 << (config.modes.size() == 1
                         ? std::string("its one mode")
                         : "all " + std::to_string(config.modes.size()) + " modes")
-                << " done); nothing to do. Its results (" << folder.path("summary.csv").string()
-                << "):\n";
+                << " done); nothing to do. Its results ("
+                << folder.path(torchamp_apps::run_files::kSummary).string() << "):\n";
       print_table(std::cout, read_summaries(folder.logs()));
     }
     return 0;
