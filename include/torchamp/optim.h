@@ -56,8 +56,11 @@ struct FusedOptions {
   /// stochastic rounding, so that updates smaller than half a bfloat16 step
   /// are kept on average instead of lost. `c10::ValueError` at construction
   /// with `master_weights`, or for a parameter that is not bfloat16 (at the
-  /// step for one cast later); at the step, `c10::NotImplementedError` for a
-  /// parameter off the CPU or a sparse or non-contiguous gradient.
+  /// step for one cast later). On the CPU in torchamp's kernels; on CUDA
+  /// (LibTorch >= 2.4) as ATen ops around ATen's fused update, with the same
+  /// noise and rounding (a device scaler's steps keep the count on the
+  /// device: no host read). At the step, `c10::NotImplementedError` for a
+  /// parameter elsewhere or a sparse or non-contiguous gradient.
   TORCH_ARG(bool, stochastic_rounding) = false;
   /// The rounding noise's seed. The noise of each update is a function of
   /// the seed, the count of updates rounded so far and the parameter's index
@@ -67,11 +70,11 @@ struct FusedOptions {
   /// (exact resume): a loaded archive's seed replaces this one.
   TORCH_ARG(uint64_t, seed) = 0;
   /// CPU parameters take the path CUDA ones take: ATen's multi-tensor fused
-  /// ops (`_fused_adamw_`, ...), with master weights as ATen ops around them.
-  /// For tests and comparison (torchamp's own CPU kernels are faster); the
-  /// same bits where their float32 updates agree. `c10::NotImplementedError`
-  /// at construction on LibTorch < 2.4 (no ATen fused ops) and
-  /// `c10::ValueError` with `stochastic_rounding` (torchamp's kernels only).
+  /// ops (`_fused_adamw_`, ...), with master weights and stochastic rounding
+  /// as ATen ops around them. For tests and comparison (torchamp's own CPU
+  /// kernels are faster); the same bits where their float32 updates agree.
+  /// `c10::NotImplementedError` at construction on LibTorch < 2.4 (no ATen
+  /// fused ops).
   TORCH_ARG(bool, aten_kernels) = false;
 };
 

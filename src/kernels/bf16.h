@@ -57,8 +57,9 @@ inline uint16_t float_to_bf16_stochastic(float v, uint32_t noise) {
 /// low). As the key is uniform and changes every update, each element's
 /// noise is uniform and independent from one update to the next whatever
 /// the bijection; one multiply keeps the vector loops memory-bound.
+constexpr uint32_t kNoiseMultiplier = 0x9e3779b1u;
 inline uint32_t noise32(uint32_t i, uint32_t key) {
-  const uint32_t x = (i ^ key) * 0x9e3779b1u;
+  const uint32_t x = (i ^ key) * kNoiseMultiplier;
   return x ^ (x >> 16);
 }
 

@@ -883,10 +883,10 @@ void run_jobs(const std::vector<Job>& jobs, const float* grad_scale, Run run) {
 uint64_t rounding_key(uint64_t seed, uint64_t update, uint64_t index) {
   // splitmix64's finaliser, chained.
   const auto mix64 = [](uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
+    x += Mix64::kAdd;
+    x = (x ^ (x >> Mix64::kShift[0])) * Mix64::kMul[0];
+    x = (x ^ (x >> Mix64::kShift[1])) * Mix64::kMul[1];
+    return x ^ (x >> Mix64::kShift[2]);
   };
   return mix64(mix64(seed ^ mix64(update)) + index);
 }

@@ -76,6 +76,16 @@ struct SgdJob {
 /// index in param-group order.
 uint64_t rounding_key(uint64_t seed, uint64_t update, uint64_t index);
 
+/// rounding_key's mixing function, splitmix64's finaliser: x += kAdd; then
+/// x = (x ^ (x >> kShift[0])) * kMul[0], (x ^ (x >> kShift[1])) * kMul[1],
+/// x ^ (x >> kShift[2]) (unsigned). Named for the ATen path's copy
+/// (src/optim/aten_rounding.cpp).
+struct Mix64 {
+  static constexpr uint64_t kAdd = 0x9e3779b97f4a7c15ull;
+  static constexpr uint64_t kMul[2] = {0xbf58476d1ce4e5b9ull, 0x94d049bb133111ebull};
+  static constexpr int kShift[3] = {30, 27, 31};
+};
+
 /// True for the dtypes the fused kernels take: float32, float64, bfloat16, float16.
 bool optim_supports(at::ScalarType dtype);
 

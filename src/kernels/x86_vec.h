@@ -11,6 +11,8 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define TORCHAMP_X86_VECTORS 1  // the layer exists on this target
 
+#include "bf16.h"  // kNoiseMultiplier
+
 #include <immintrin.h>
 
 #include <cstdint>
@@ -149,7 +151,7 @@ struct Avx2 {
   TORCHAMP_AVX2 static N noise32(N n, uint32_t key) {
     const __m256i x =
         _mm256_mullo_epi32(_mm256_xor_si256(n.v, _mm256_set1_epi32(static_cast<int>(key))),
-                           _mm256_set1_epi32(static_cast<int>(0x9e3779b1u)));
+                           _mm256_set1_epi32(static_cast<int>(kNoiseMultiplier)));
     return {_mm256_xor_si256(x, _mm256_srli_epi32(x, 16))};
   }
   TORCHAMP_AVX2 static N low16(N n) { return {_mm256_and_si256(n.v, _mm256_set1_epi32(0xffff))}; }
@@ -258,7 +260,7 @@ struct Avx512 {
   TORCHAMP_AVX512 static N noise32(N n, uint32_t key) {  // as Avx2's
     const __m512i x =
         _mm512_mullo_epi32(_mm512_xor_si512(n.v, _mm512_set1_epi32(static_cast<int>(key))),
-                           _mm512_set1_epi32(static_cast<int>(0x9e3779b1u)));
+                           _mm512_set1_epi32(static_cast<int>(kNoiseMultiplier)));
     return {_mm512_xor_si512(x, _mm512_srli_epi32(x, 16))};
   }
   TORCHAMP_AVX512 static N low16(N n) { return {_mm512_and_si512(n.v, _mm512_set1_epi32(0xffff))}; }

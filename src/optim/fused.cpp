@@ -89,10 +89,6 @@ void check_fused_options(const torch::optim::Optimizer& opt, const FusedOptions&
                               "torchamp::optim: FusedOptions().aten_kernels(true) needs ATen's "
                               "fused optimizer ops, LibTorch 2.4 or later; this is ",
                               compat::runtime_torch_version(), ".");
-  TORCH_CHECK_VALUE(!fused.aten_kernels() || !fused.stochastic_rounding(),
-                    "torchamp::optim: FusedOptions().aten_kernels(true) together with "
-                    "stochastic_rounding(true): stochastic rounding is torchamp's CPU kernels "
-                    "only; choose one.");
   if (!fused.stochastic_rounding()) {
     return;
   }
@@ -179,6 +175,8 @@ void Fused<Base>::load(torch::serialize::InputArchive& archive) {
   const StochasticRounding rounding = read_rounding(f.rounding, archive);
   Base::load(archive);
   f.rounding = rounding;
+  f.rounding.device_updates = at::Tensor();  // made again from the loaded count
+  f.rounding.stale = false;
   f.masters.store().entries = std::move(loaded);
   ++f.masters.store().version;
   f.cache = StepCache();

@@ -20,6 +20,11 @@ struct StochasticRounding {
   bool on = false;
   uint64_t seed = 0;
   uint64_t updates = 0;
+  // The count on a device (int64, 0-dim) while a device scaler's flags
+  // decide which steps count (ATen's path): ahead of `updates`, which catches
+  // up when read (`stale`), one read back.
+  at::Tensor device_updates;
+  bool stale = false;
 };
 
 // Its archive entry (save), and reading and checking one against the

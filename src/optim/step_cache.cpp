@@ -21,8 +21,9 @@ StepCache& StepCache::operator=(const StepCache& other) {
       ") cannot take the fused update: its ", what, " (gradient ", grad.scalar_type(), ", ",
       grad.layout(),
       grad.layout() == at::kStrided && !grad.is_contiguous() ? ", not contiguous" : "", "). ",
-      stochastic ? "Stochastic rounding needs dense contiguous bfloat16 CPU parameters, gradients "
-                   "and state (the parameter's dtype)."
+      stochastic ? "Stochastic rounding needs dense contiguous bfloat16 parameters on the CPU or "
+                   "(LibTorch >= 2.4) CUDA, gradients of the parameter's dtype, and state of "
+                   "the parameter's dtype."
                  : "Master weights need dense contiguous parameters on the CPU or (LibTorch "
                    ">= 2.4) CUDA, gradients of the parameter's dtype, and state of float32 "
                    "(float16/bfloat16 parameters) or the parameter's dtype.");

@@ -86,11 +86,10 @@ inline bool takes_aten(const at::Tensor& p, bool aten_on_cpu) {
 
 // Dense contiguous parameters with gradients of their dtype: on the CPU to
 // torchamp's kernels; on CUDA (and the CPU with `aten_on_cpu`) to ATen's
-// multi-tensor fused ops where this LibTorch has them, master weights as ATen
-// ops around them (aten_masters.h). Stochastic rounding is torchamp's
-// kernels only.
-inline bool fusable_param(const at::Tensor& p, const at::Tensor& grad, bool stochastic,
-                          bool aten_on_cpu) {
+// multi-tensor fused ops where this LibTorch has them, master weights and
+// stochastic rounding as ATen ops around them (aten_masters.h,
+// aten_rounding.h).
+inline bool fusable_param(const at::Tensor& p, const at::Tensor& grad, bool aten_on_cpu) {
   const auto dtype = p.scalar_type();
   if (!kernels::optim_supports(dtype) || !dense_on(p, dtype, p.device()) ||
       !dense_on(grad, dtype, p.device())) {
@@ -99,8 +98,7 @@ inline bool fusable_param(const at::Tensor& p, const at::Tensor& grad, bool stoc
   if (!takes_aten(p, aten_on_cpu)) {
     return true;
   }
-  return !stochastic && compat::kAtenFusedOptimizers &&
-         (p.device().is_cpu() || p.device().is_cuda());
+  return compat::kAtenFusedOptimizers && (p.device().is_cpu() || p.device().is_cuda());
 }
 
 inline bool same_state(const CachedParam& c, const ParamState* st, const StateTensors& ts) {
@@ -206,7 +204,7 @@ bool param_can_fuse(const at::Tensor& p, const at::Tensor& grad, bool stochastic
   if (stochastic && p.scalar_type() != at::kBFloat16) {
     refuse_stochastic(group, index, p);
   }
-  if (!fusable_param(p, grad, stochastic, aten_on_cpu)) {
+  if (!fusable_param(p, grad, aten_on_cpu)) {
     if (must_fuse) {
       refuse_unfusable(group, index, p, grad, "parameter or gradient", stochastic);
     }

@@ -2,6 +2,7 @@
 
 #include "compat/compat.h"
 #include "optim/aten_masters.h"
+#include "optim/aten_rounding.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_foreach_add.h>
@@ -152,24 +153,62 @@ at::Tensor state_zeros(const CachedParam& c) {
 // for SGD whether the momentum buffers are new).
 using BatchKey = std::tuple<size_t, c10::DeviceIndex, at::ScalarType, bool>;
 
-// A parameter's tensors in an ATen call: its own, or with a master weight the
-// float32 master and gradient (written back after the call).
+// A parameter that rounds stochastically in an ATen call: the call updates
+// float32 copies of it, its gradient and its state, rounded back after it.
+struct AtenRounded {
+  size_t flat;  // its index in param-group order (the noise's key)
+  at::Tensor param, grad, param32, grad32;
+  std::vector<std::pair<at::Tensor, at::Tensor>> state;  // (stored, float32 copy)
+};
+
+// A parameter's tensors in an ATen call: its own; with a master weight the
+// float32 master and gradient; with stochastic rounding float32 copies
+// (masters and copies are written back after the call).
 struct AtenParams {
   std::vector<at::Tensor> params, grads;
   std::vector<AtenMaster> masters;
-  void add(const CachedParam& c, const MasterWeights& masters_in, const at::Tensor& grad) {
-    if (!c.master) {
+  std::vector<AtenRounded> rounded;
+  void add(const CachedParam& c, size_t flat, const MasterWeights& masters_in,
+           const at::Tensor& grad) {
+    if (c.stochastic) {
+      rounded.push_back({flat, c.param, grad, c.param.to(at::kFloat), grad.to(at::kFloat), {}});
+      params.push_back(rounded.back().param32);
+      grads.push_back(rounded.back().grad32);
+    } else if (c.master) {
+      masters.push_back(aten_master(c.param, master_storage(masters_in, c.param), grad));
+      params.push_back(masters.back().master);
+      grads.push_back(masters.back().grad32);
+    } else {
       params.push_back(c.param);
       grads.push_back(grad);
-      return;
     }
-    masters.push_back(aten_master(c.param, master_storage(masters_in, c.param), grad));
-    params.push_back(masters.back().master);
-    grads.push_back(masters.back().grad32);
   }
-  void write_back(const StepFlags& flags) const {
+  // A state tensor of the parameter added last, as the call takes it.
+  at::Tensor state(const CachedParam& c, const at::Tensor& t) {
+    if (!c.stochastic) {
+      return t;
+    }
+    rounded.back().state.emplace_back(t, t.to(at::kFloat));
+    return rounded.back().state.back().second;
+  }
+  void write_back(const StepFlags& flags, const RoundingKeys* keys) const {
+    const bool unscaled = flags.scale || flags.scale_on_device.defined();
     for (const AtenMaster& m : masters) {
-      optim::write_back(m, flags.scale || flags.scale_on_device.defined());
+      optim::write_back(m, unscaled);
+    }
+    for (const AtenRounded& r : rounded) {
+      // The kernels' noise: the parameter's, then the state's first tensor's
+      // and its second's (AMSGrad's max takes the second's too).
+      const AtenNoise noise =
+          aten_noise(*keys, static_cast<int64_t>(r.flat), r.param.numel(), r.param.device());
+      round_stochastically(r.param32, noise.param, r.param);
+      for (size_t k = 0; k < r.state.size(); ++k) {
+        round_stochastically(r.state[k].second, k == 0 ? noise.state0 : noise.state1,
+                             r.state[k].first);
+      }
+      if (unscaled) {
+        r.grad.copy_(r.grad32);
+      }
     }
   }
 };
@@ -191,6 +230,68 @@ uint64_t noise_key(const StochasticRounding& rounding, const CachedParam& c, siz
   return c.stochastic ? kernels::rounding_key(rounding.seed, rounding.updates, flat) : 0;
 }
 
+// The rounding count brought back to the host, where a device scaler's flags
+// left it on the device: one read.
+void rounding_to_host(StochasticRounding& rounding) {
+  if (rounding.stale) {
+    rounding.updates = static_cast<uint64_t>(rounding.device_updates.item<int64_t>());
+  }
+  rounding.stale = false;
+  rounding.device_updates = at::Tensor();
+}
+
+// This step's noise keys for ATen's jobs (`params`: the optimizer's count of
+// parameters), from the count where it is kept: on the host, or, under a
+// device flag that was not read back, on the flag's device.
+RoundingKeys step_keys(StochasticRounding& rounding, const StepFlags& flags, size_t params) {
+  const auto n = static_cast<int64_t>(params);
+  if (!flags.found_on_device.defined()) {
+    return rounding_keys(rounding.seed, rounding.updates, n);
+  }
+  if (!rounding.device_updates.defined()) {
+    rounding.device_updates = at::full({}, static_cast<int64_t>(rounding.updates),
+                                       flags.found_on_device.options().dtype(at::kLong));
+  }
+  return rounding_keys(rounding.seed, rounding.device_updates, n);
+}
+
+// After a step that rounded: the count moves on by one, or under a device
+// flag by one where the flag is clear (the count stays on the device).
+void count_rounded_update(StochasticRounding& rounding, const StepFlags& flags) {
+  if (flags.found_on_device.defined()) {
+    rounding.device_updates.add_(1).sub_(flags.found_on_device.to(at::kLong));
+    rounding.stale = true;
+  } else {
+    ++rounding.updates;
+  }
+}
+
+// Before a step: a count the device holds comes back to the host when this
+// step's flags are known there (once, at the change).
+void settle_rounding(StochasticRounding& rounding, const StepFlags& flags) {
+  if (rounding.stale && !flags.found_on_device.defined()) {
+    rounding_to_host(rounding);
+  }
+}
+
+// The ATen batches' calls done, their masters and rounded copies written back.
+template <class Batches, class Call>
+void run_batches(Batches& batches, StochasticRounding& rounding, const StepFlags& flags,
+                 size_t params, bool cpu_rounded, Call call) {
+  bool aten_rounded = false;
+  for (const auto& kv : batches) {
+    aten_rounded = aten_rounded || !kv.second.rounded.empty();
+  }
+  const RoundingKeys keys = aten_rounded ? step_keys(rounding, flags, params) : RoundingKeys{};
+  for (auto& kv : batches) {
+    call(kv.second);
+    kv.second.write_back(flags, &keys);
+  }
+  if (cpu_rounded || aten_rounded) {
+    count_rounded_update(rounding, flags);
+  }
+}
+
 template <class Options, class State>
 void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const AmpStepArgs& args,
                 bool decoupled) {
@@ -205,6 +306,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
   if (flags.skip) {  // as ATen's kernels with found_inf set: nothing changes
     return;
   }
+  settle_rounding(rounding, flags);
   at::NoGradGuard no_grad;
   auto& state = opt.state();
   auto& groups = opt.param_groups();
@@ -260,11 +362,11 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
         b.eps = options.eps();
         b.amsgrad = options.amsgrad();
       }
-      b.add(c, masters, grad);
-      b.exp_avgs.push_back(st.exp_avg());
-      b.exp_avg_sqs.push_back(st.exp_avg_sq());
+      b.add(c, r.index, masters, grad);
+      b.exp_avgs.push_back(b.state(c, st.exp_avg()));
+      b.exp_avg_sqs.push_back(b.state(c, st.exp_avg_sq()));
       if (options.amsgrad()) {
-        b.max_exp_avg_sqs.push_back(st.max_exp_avg_sq());
+        b.max_exp_avg_sqs.push_back(b.state(c, st.max_exp_avg_sq()));
       }
       continue;
     }
@@ -299,21 +401,21 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
     jobs.push_back(job);
   }
   kernels::adam_step_cpu(jobs, flags.scale_ptr());
-  rounding.updates += rounding.on && !jobs.empty() ? 1 : 0;
-  for (auto& [key, b] : batches) {
-    const c10::Device device = b.params.front().device();
-    // As Python's fused Adam: the counts grow before the update (ATen reads
-    // them with this step's) and shrink back by the flag after it.
-    at::_foreach_add_(b.steps, 1);
-    const c10::optional<at::Tensor> found = found_inf_on(device, flags);
-    compat::fused_adam(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
-                       b.lr, b.beta1, b.beta2, b.weight_decay, b.eps, b.amsgrad, decoupled,
-                       grad_scale_on(device, flags), found);
-    if (found) {
-      at::_foreach_sub_(b.steps, std::vector<at::Tensor>(b.steps.size(), *found));
-    }
-    b.write_back(flags);
-  }
+  run_batches(batches, rounding, flags, plan.params.size(), rounding.on && !jobs.empty(),
+              [&](AdamBatch& b) {
+                const c10::Device device = b.params.front().device();
+                // As Python's fused Adam: the counts grow before the update
+                // (ATen reads them with this step's) and shrink back by the
+                // flag after it.
+                at::_foreach_add_(b.steps, 1);
+                const c10::optional<at::Tensor> found = found_inf_on(device, flags);
+                compat::fused_adam(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs,
+                                   b.steps, b.lr, b.beta1, b.beta2, b.weight_decay, b.eps,
+                                   b.amsgrad, decoupled, grad_scale_on(device, flags), found);
+                if (found) {
+                  at::_foreach_sub_(b.steps, std::vector<at::Tensor>(b.steps.size(), *found));
+                }
+              });
 }
 
 // SGD's fused update (torchamp's kernels on the CPU, ATen's fused op on
@@ -333,6 +435,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
   if (flags.skip) {  // as ATen's kernels with found_inf set: nothing changes
     return;
   }
+  settle_rounding(rounding, flags);
   at::NoGradGuard no_grad;
   std::vector<kernels::SgdJob> jobs;
   jobs.reserve(plan.ready.size());
@@ -375,9 +478,9 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
         b.nesterov = options.nesterov();
         b.first = first;
       }
-      b.add(c, masters, grad);
+      b.add(c, r.index, masters, grad);
       if (buffer.defined()) {
-        b.buffers.push_back(buffer);
+        b.buffers.push_back(b.state(c, buffer));
       }
       continue;
     }
@@ -400,19 +503,19 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
     jobs.push_back(job);
   }
   kernels::sgd_step_cpu(jobs, flags.scale_ptr());
-  rounding.updates += rounding.on && !jobs.empty() ? 1 : 0;
-  for (auto& [key, b] : batches) {
-    const c10::Device device = b.params.front().device();
-    compat::fused_sgd(b.params, b.grads, b.buffers, b.weight_decay, b.momentum, b.lr, b.dampening,
-                      b.nesterov, b.first, grad_scale_on(device, flags),
-                      found_inf_on(device, flags));
-    b.write_back(flags);
-  }
+  run_batches(batches, rounding, flags, plan.params.size(), rounding.on && !jobs.empty(),
+              [&](SgdBatch& b) {
+                const c10::Device device = b.params.front().device();
+                compat::fused_sgd(b.params, b.grads, b.buffers, b.weight_decay, b.momentum, b.lr,
+                                  b.dampening, b.nesterov, b.first, grad_scale_on(device, flags),
+                                  found_inf_on(device, flags));
+              });
 }
 
 }  // namespace
 
 void sync_host_steps(torch::optim::Optimizer& opt, detail::FusedState::Impl& f) {
+  rounding_to_host(f.rounding);
   if (!f.host_steps_stale) {
     return;
   }

@@ -24,7 +24,7 @@ inline StateTensors adam_tensors(const State& s) {
 struct detail::FusedState::Impl {
   explicit Impl(const FusedOptions& options)
       : masters(options.master_weights()),
-        rounding{options.stochastic_rounding(), options.seed(), 0},
+        rounding{options.stochastic_rounding(), options.seed(), 0, at::Tensor(), false},
         aten_on_cpu(options.aten_kernels()) {}
   StepCache cache;
   MasterWeights masters;

@@ -13,8 +13,11 @@
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
 
-#include "compat/compat.h"       // kAtenFusedOptimizers
-#include "optim/aten_masters.h"  // join_bf16_master, split_bf16_master
+#include "compat/compat.h"          // kAtenFusedOptimizers
+#include "kernels/bf16.h"           // noise32, float_to_bf16_stochastic
+#include "kernels/optim_kernels.h"  // rounding_key
+#include "optim/aten_masters.h"     // join_bf16_master, split_bf16_master
+#include "optim/aten_rounding.h"    // rounding_keys, aten_noise, round_stochastically
 
 #include <torch/torch.h>
 
@@ -87,10 +90,11 @@ template <class Opt>
 struct Training {
   std::vector<at::Tensor> ps;
   Opt opt;
-  GradScaler scaler{GradScalerOptions().init_scale(1024).growth_interval(20)};
+  GradScaler scaler;
   template <class Options>
-  Training(std::vector<at::Tensor> params, const Options& options, FusedOptions fused)
-      : ps(std::move(params)), opt(ps, options, fused) {}
+  Training(std::vector<at::Tensor> params, const Options& options, FusedOptions fused,
+           GradScalerOptions scaling = GradScalerOptions().init_scale(1024).growth_interval(20))
+      : ps(std::move(params)), opt(ps, options, fused), scaler(scaling) {}
   // Steps with these gradients (converted to each parameter's dtype);
   // returns whether the step was taken.
   bool step(int s, const std::vector<at::Tensor>& gs) {
@@ -213,6 +217,180 @@ TEST(AtenKernels, JoinAndSplitAreTheRemainderSchemeForEveryPattern) {
   }
 }
 
+// Stochastic rounding's ATen ops are the CPU kernels' arithmetic: the keys
+// (from a host count, and from a count in a tensor), each element's noise,
+// and the rounding of every kind of float32 value.
+TEST(AtenKernels, StochasticRoundingOpsAreTheKernelsArithmetic) {
+  namespace k = torchamp::kernels;
+  using torchamp::optim::RoundingKeys;
+  for (const uint64_t seed : {uint64_t{0}, uint64_t{7}, ~uint64_t{0} - 3}) {
+    for (const uint64_t update : {uint64_t{0}, uint64_t{1}, uint64_t{1} << 40, ~uint64_t{0}}) {
+      const RoundingKeys host = torchamp::optim::rounding_keys(seed, update, 9);
+      const RoundingKeys device = torchamp::optim::rounding_keys(
+          seed, torch::full({}, static_cast<int64_t>(update), at::kLong), 9);
+      for (int64_t i = 0; i < 9; ++i) {
+        const uint64_t key = k::rounding_key(seed, update, static_cast<uint64_t>(i));
+        ASSERT_EQ(static_cast<uint32_t>(host.low[i].item<int32_t>()), static_cast<uint32_t>(key));
+        ASSERT_EQ(static_cast<uint32_t>(host.high[i].item<int32_t>()),
+                  static_cast<uint32_t>(key >> 32));
+        ASSERT_TRUE(device.low[i].equal(host.low[i])) << seed << " " << update << " " << i;
+        ASSERT_TRUE(device.high[i].equal(host.high[i])) << seed << " " << update << " " << i;
+      }
+    }
+  }
+  const RoundingKeys keys = torchamp::optim::rounding_keys(11, 5, 3);
+  const int64_t n = 70000;
+  const auto noise = torchamp::optim::aten_noise(keys, 2, n, at::kCPU);
+  const auto k0 = static_cast<uint32_t>(keys.low[2].item<int32_t>());
+  const auto k1 = static_cast<uint32_t>(keys.high[2].item<int32_t>());
+  const auto* np = noise.param.data_ptr<int32_t>();
+  const auto* n0 = noise.state0.data_ptr<int32_t>();
+  const auto* n1 = noise.state1.data_ptr<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = k::noise32(static_cast<uint32_t>(i), k0);
+    const uint32_t b = k::noise32(static_cast<uint32_t>(i), k1);
+    ASSERT_EQ(static_cast<uint32_t>(np[i]), a & 0xffffu) << i;
+    ASSERT_EQ(static_cast<uint32_t>(n0[i]), a >> 16) << i;
+    ASSERT_EQ(static_cast<uint32_t>(n1[i]), b & 0xffffu) << i;
+  }
+  // Every bfloat16 pattern with low bits of each kind (NaNs, infinities,
+  // subnormals and the largest finite values among them), under that noise.
+  at::Tensor values = torch::arange(0, 1 << 16, at::kInt).mul_(1 << 16);
+  values = torch::cat({values, values.add(1), values.add(0x7fff), values.add(0x8000),
+                       values.add(0xffff), values.add(0x1234)})
+               .view(at::kFloat);
+  const auto m = values.numel();
+  const auto wide = torchamp::optim::aten_noise(keys, 0, m, at::kCPU);
+  at::Tensor rounded = torch::empty({m}, at::kBFloat16);
+  torchamp::optim::round_stochastically(values, wide.state1, rounded);
+  const auto* v = values.data_ptr<float>();
+  const auto* w = wide.state1.data_ptr<int32_t>();
+  const auto* r = static_cast<const uint16_t*>(rounded.data_ptr());
+  for (int64_t i = 0; i < m; ++i) {
+    ASSERT_EQ(r[i], k::float_to_bf16_stochastic(v[i], static_cast<uint32_t>(w[i]))) << i;
+  }
+}
+
+// Stochastic rounding on ATen's path against torchamp's CPU kernels, from
+// the same start with the same gradients through a GradScaler (skips,
+// clipping, unscale_): the same noise, so the same bits wherever the two
+// float32 updates agree (they part by an ulp now and then, as in
+// paths_agree, and an element whose update straddles a rounding edge then
+// differs by a bfloat16 step).
+template <class Opt, class Options>
+void rounding_paths_agree(const Options& options, const char* what) {
+  SCOPED_TRACE(what);
+  const auto sr = FusedOptions().stochastic_rounding(true).seed(3);
+  Training<Opt> own(make_params(at::kBFloat16), options, sr);
+  Training<Opt> aten(make_params(at::kBFloat16), options, FusedOptions(sr).aten_kernels(true));
+  int64_t differ = 0, total = 0, widest = 0;
+  for (int s = 0; s < 40; ++s) {
+    const auto gs = gradients(own.ps, s, own.scaler.get_scale(), at::kBFloat16);
+    ASSERT_EQ(own.step(s, gs), aten.step(s, gs)) << "step " << s;
+    ASSERT_EQ(own.scaler.get_scale(), aten.scaler.get_scale()) << "step " << s;
+  }
+  for (size_t i = 0; i < own.ps.size(); ++i) {
+    const at::Tensor gap = (bits(own.ps[i]).to(at::kInt) - bits(aten.ps[i]).to(at::kInt)).abs_();
+    differ += gap.ne(0).sum().item<int64_t>();
+    total += gap.numel();
+    widest = std::max(widest, gap.max().item<int64_t>());
+  }
+  std::cout << "[ aten path ] " << what << " stochastic rounding: " << differ << " of " << total
+            << " parameter elements differ from torchamp's kernels after 40 steps, by at most "
+            << widest << " bfloat16 steps\n";
+  EXPECT_LE(widest, 2);
+  EXPECT_LE(differ * 100, total);  // under 1%
+}
+
+TEST(AtenKernels, StochasticRoundingAgreesWithTheCpuKernels) {
+  SKIP_WITHOUT_ATEN_FUSED_OPS();
+  rounding_paths_agree<torchamp::optim::AdamW>(torch::optim::AdamWOptions(1e-3).weight_decay(0.1),
+                                               "AdamW");
+  rounding_paths_agree<torchamp::optim::Adam>(torch::optim::AdamOptions(1e-3).amsgrad(true),
+                                              "Adam amsgrad");
+  rounding_paths_agree<torchamp::optim::SGD>(torch::optim::SGDOptions(1e-2).momentum(0.9),
+                                             "SGD momentum");
+}
+
+// Under a scaler whose state is in tensors (a CUDA scaler's way; here on the
+// CPU with device_state), the flag is not read back: the rounding count stays
+// in a tensor, skipped steps leave it (and every bit) as they were, and
+// save() brings it to the host. The run equals the same run under a host
+// scaler bit for bit, archives included, and a loaded archive goes on alike.
+TEST(AtenKernels, StochasticRoundingUnderADeviceFlagKeepsItsCountOnTheDevice) {
+  SKIP_WITHOUT_ATEN_FUSED_OPS();
+  const auto options = torch::optim::AdamWOptions(1e-3).weight_decay(0.1);
+  const auto sr = FusedOptions().stochastic_rounding(true).seed(5).aten_kernels(true);
+  const auto scaling = GradScalerOptions().init_scale(1024).growth_interval(20);
+  Training<torchamp::optim::AdamW> host(make_params(at::kBFloat16), options, sr, scaling);
+  Training<torchamp::optim::AdamW> device(make_params(at::kBFloat16), options, sr,
+                                          GradScalerOptions(scaling).device_state(true));
+  int skipped = 0;
+  const auto run = [&](int from, int to) {
+    for (int s = from; s < to; ++s) {
+      const auto gs = gradients(host.ps, s, host.scaler.get_scale(), at::kBFloat16);
+      skipped += host.step(s, gs) ? 0 : 1;
+      device.step(s, gs);
+      for (size_t i = 0; i < host.ps.size(); ++i) {
+        ASSERT_TRUE(bits(host.ps[i]).equal(bits(device.ps[i]))) << "step " << s << " tensor " << i;
+      }
+    }
+  };
+  const auto archive = [](const torchamp::optim::AdamW& opt) {
+    std::stringstream bytes;
+    torch::save(opt, bytes);
+    return bytes.str();
+  };
+  // What the two archives hold: the rounding count, and each parameter's
+  // step count and moments (not the bytes: an archive carries a random id).
+  const auto same_archives = [&] {
+    int64_t counts[2];
+    int k = 0;
+    for (const auto* t : {&host, &device}) {
+      std::stringstream bytes(archive(t->opt));
+      torch::serialize::InputArchive in, rounding;
+      in.load_from(bytes);
+      ASSERT_TRUE(in.try_read("torchamp_stochastic_rounding", rounding));
+      c10::IValue updates;
+      ASSERT_TRUE(rounding.try_read("updates", updates));
+      counts[k++] = updates.toInt();
+    }
+    EXPECT_EQ(counts[0], counts[1]);
+    for (size_t i = 0; i < host.ps.size(); ++i) {
+      const auto state = [i](const auto& t) -> const torch::optim::AdamWParamState& {
+        const auto key = torchamp::compat::optim_state_key(t.opt.state(), t.ps[i]);
+        return static_cast<const torch::optim::AdamWParamState&>(*t.opt.state().at(key));
+      };
+      const auto& a = state(host);
+      const auto& b = state(device);
+      EXPECT_EQ(a.step(), b.step()) << "tensor " << i;
+      EXPECT_TRUE(bits(a.exp_avg()).equal(bits(b.exp_avg()))) << "tensor " << i;
+      EXPECT_TRUE(bits(a.exp_avg_sq()).equal(bits(b.exp_avg_sq()))) << "tensor " << i;
+    }
+  };
+  run(0, 20);
+  const std::string at20 = archive(host.opt);
+  std::vector<at::Tensor> params20;
+  for (const auto& p : host.ps) {
+    params20.push_back(p.detach().clone());
+  }
+  run(20, 30);
+  ASSERT_GT(skipped, 0);
+  same_archives();
+  // Both back at step 20 (parameters and optimizers; the scalers stay, alike):
+  // the device run's count is the archive's again, not the one it held.
+  for (auto* t : {&host, &device}) {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < t->ps.size(); ++i) {
+      t->ps[i].copy_(params20[i]);
+    }
+    std::stringstream bytes(at20);
+    torch::load(t->opt, bytes);
+  }
+  run(20, 40);
+  same_archives();
+}
+
 TEST(AtenKernels, BadOptionsAreTypedErrors) {
   std::vector<at::Tensor> ps = {torch::zeros({4}, at::kBFloat16)};
   if (!torchamp::compat::kAtenFusedOptimizers) {
@@ -224,12 +402,14 @@ TEST(AtenKernels, BadOptionsAreTypedErrors) {
         "LibTorch 2.4 or later");
     return;
   }
+  // Stochastic rounding on this path refuses what it refuses on the CPU's.
+  std::vector<at::Tensor> floats = {torch::zeros({4})};
   torchamp_test::expect_throws<c10::ValueError>(
       [&] {
-        torchamp::optim::AdamW(ps, torch::optim::AdamWOptions(),
+        torchamp::optim::AdamW(floats, torch::optim::AdamWOptions(),
                                FusedOptions().aten_kernels(true).stochastic_rounding(true));
       },
-      "stochastic rounding is torchamp's CPU kernels only");
+      "stochastic rounding applies to bfloat16 parameters only");
 }
 
 }  // namespace
