@@ -34,6 +34,8 @@
 
 #include <torchamp/amp_step.h>
 
+#include <c10/core/ScalarType.h>
+#include <c10/util/Optional.h>
 #include <torch/arg.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -62,6 +64,16 @@ struct FusedOptions {
   /// device: no host read). At the step, `c10::NotImplementedError` for a
   /// parameter elsewhere or a sparse or non-contiguous gradient.
   TORCH_ARG(bool, stochastic_rounding) = false;
+  /// With `stochastic_rounding`: the dtype of the optimizer's state (Adam's
+  /// moments, SGD's momentum buffer). Unset or `torch::kBFloat16`: the
+  /// parameter's, bfloat16, rounded stochastically as the parameter is (8
+  /// bytes a parameter with AdamW); `torch::kFloat`: float32, kept exactly
+  /// (12 bytes), for when bfloat16 moments cost accuracy. `c10::ValueError`
+  /// at construction for another dtype, or without `stochastic_rounding`
+  /// (master weights keep float32 state already). An archive whose state has
+  /// the other dtype loads, and its step is a `c10::NotImplementedError`
+  /// naming the parameter.
+  TORCH_ARG(c10::optional<at::ScalarType>, state_dtype) = c10::nullopt;
   /// The rounding noise's seed. The noise of each update is a function of
   /// the seed, the count of updates rounded so far and the parameter's index
   /// in param-group order, so every rank of a data-parallel job rounds alike

@@ -145,6 +145,7 @@ using KindBf16Master = Kind<Bf16Master, Bf16, Io<float>>;
 using KindF16Master = Kind<F16Master, F16, Io<float>>;
 // The gradient written back (unscaled) rounds to nearest even, as ATen's.
 using KindBf16Stochastic = Kind<PlainParam<Bf16Sr>, Bf16, Bf16Sr, true>;
+using KindBf16StochasticF32 = Kind<PlainParam<Bf16Sr>, Bf16, Io<float>, true>;  // float_state
 
 // Element i's noise for each stored tensor of a stochastic job (16 bits
 // each: p, the parameter; s0 and s1, the state's first two tensors; AMSGrad's
@@ -274,6 +275,7 @@ TORCHAMP_ADAM_LOOPS(f16, KindF16)
 TORCHAMP_ADAM_LOOPS(bf16_master, KindBf16Master)
 TORCHAMP_ADAM_LOOPS(f16_master, KindF16Master)
 TORCHAMP_ADAM_LOOPS(bf16_stochastic, KindBf16Stochastic)
+TORCHAMP_ADAM_LOOPS(bf16_stochastic_f32, KindBf16StochasticF32)
 #undef TORCHAMP_ADAM_LOOPS
 #undef TORCHAMP_ADAM_LOOP
 
@@ -285,6 +287,8 @@ int kind_of(const Job& j) {
   TORCH_INTERNAL_ASSERT(!j.stochastic || (j.dtype == at::kBFloat16 && j.master == nullptr),
                         "stochastic rounding of a ", j.dtype, " parameter",
                         j.master != nullptr ? " with a master weight" : "");
+  TORCH_INTERNAL_ASSERT(j.stochastic || !j.float_state,
+                        "float32 state without stochastic rounding");
   const bool master = j.master != nullptr;
   switch (j.dtype) {
     case at::kFloat:
@@ -292,7 +296,7 @@ int kind_of(const Job& j) {
     case at::kDouble:
       return 1;
     case at::kBFloat16:
-      return master ? 4 : j.stochastic ? 6 : 2;
+      return master ? 4 : j.stochastic ? (j.float_state ? 7 : 6) : 2;
     case at::kHalf:
       return master ? 5 : 3;
     default:
@@ -311,7 +315,7 @@ using AdamLoop = void (*)(const AdamJob&, int64_t, int64_t, float);
 
 // The loop for a job: [kind][decoupled][amsgrad][unscale].
 AdamLoop adam_loop_for(const AdamJob& j, bool unscale) {
-  static const AdamLoop kLoops[7][2][2][2] = {
+  static const AdamLoop kLoops[8][2][2][2] = {
       TORCHAMP_ADAM_ROW(f32),
       TORCHAMP_ADAM_ROW(f64),
       TORCHAMP_ADAM_ROW(bf16),
@@ -319,6 +323,7 @@ AdamLoop adam_loop_for(const AdamJob& j, bool unscale) {
       TORCHAMP_ADAM_ROW(bf16_master),
       TORCHAMP_ADAM_ROW(f16_master),
       TORCHAMP_ADAM_ROW(bf16_stochastic),
+      TORCHAMP_ADAM_ROW(bf16_stochastic_f32),
   };
   return kLoops[kind_of(j)][j.decoupled][j.max_exp_avg_sq != nullptr][unscale];
 }
@@ -391,12 +396,13 @@ TORCHAMP_SGD_LOOP(sgd_f16, KindF16)
 TORCHAMP_SGD_LOOP(sgd_bf16_master, KindBf16Master)
 TORCHAMP_SGD_LOOP(sgd_f16_master, KindF16Master)
 TORCHAMP_SGD_LOOP(sgd_bf16_stochastic, KindBf16Stochastic)
+TORCHAMP_SGD_LOOP(sgd_bf16_stochastic_f32, KindBf16StochasticF32)
 #undef TORCHAMP_SGD_LOOP
 
 using SgdLoop = void (*)(const SgdJob&, int64_t, int64_t, float);
 
 SgdLoop sgd_loop_for(const SgdJob& j, bool unscale) {
-  static const SgdLoop kLoops[7][2] = {
+  static const SgdLoop kLoops[8][2] = {
       {sgd_f32, sgd_f32_unscale},
       {sgd_f64, sgd_f64_unscale},
       {sgd_bf16, sgd_bf16_unscale},
@@ -404,6 +410,7 @@ SgdLoop sgd_loop_for(const SgdJob& j, bool unscale) {
       {sgd_bf16_master, sgd_bf16_master_unscale},
       {sgd_f16_master, sgd_f16_master_unscale},
       {sgd_bf16_stochastic, sgd_bf16_stochastic_unscale},
+      {sgd_bf16_stochastic_f32, sgd_bf16_stochastic_f32_unscale},
   };
   return kLoops[kind_of(j)][unscale];
 }
@@ -645,39 +652,73 @@ struct NoiseVec {
   }
 };
 
-// A stochastic-rounding job (bfloat16 parameter, gradient and state) over
-// [b, e): the one-pass loop's arithmetic a vector at a time, as adam_vec.
-template <class I, bool kDecoupled, bool kAmsgrad, bool kUnscale>
+// A stochastic job's state a vector at a time: bfloat16, rounded
+// stochastically (Bf16Sr), or float32 stored exactly (float_state, Io<float>).
+template <class I>
+struct Bf16SrState {
+  using V = typename I::V;
+  using N = typename I::N;
+  using T = uint16_t;
+  template <class L>
+  static TORCHAMP_INLINE V load(const T* s, const L& lanes) {
+    return I::widen_bf16(lanes.loadh(s));
+  }
+  template <class L>
+  static TORCHAMP_INLINE void store(T* s, const V& x, const N& noise, const L& lanes) {
+    lanes.storeh(s, I::narrow_bf16_stochastic(x, noise));
+  }
+  static void ahead(const T* s, int64_t i) { ahead16(s, i); }
+};
+template <class I>
+struct F32State {
+  using V = typename I::V;
+  using N = typename I::N;
+  using T = float;
+  template <class L>
+  static TORCHAMP_INLINE V load(const T* s, const L& lanes) {
+    return lanes.loadf(s);
+  }
+  template <class L>
+  static TORCHAMP_INLINE void store(T* s, const V& x, const N& /*noise*/, const L& lanes) {
+    lanes.storef(s, x);
+  }
+  static void ahead(const T* s, int64_t i) { ahead32(s, i); }
+};
+
+// A stochastic-rounding job (bfloat16 parameter and gradient, state as SV)
+// over [b, e): the one-pass loop's arithmetic a vector at a time, as adam_vec.
+template <class I, class SV, bool kDecoupled, bool kAmsgrad, bool kUnscale>
 TORCHAMP_INLINE void adam_sr_vec(const AdamJob& j, int64_t b, int64_t e, float grad_scale) {
   using V = typename I::V;
+  using S = typename SV::T;
   using MV = Bf16MasterVec<I>;  // for its bfloat16 gradient read (read_grad_vec)
   auto* __restrict p = static_cast<uint16_t*>(j.param);
   auto* __restrict g = static_cast<uint16_t*>(j.grad);
-  auto* __restrict m = static_cast<uint16_t*>(j.exp_avg);
-  auto* __restrict v = static_cast<uint16_t*>(j.exp_avg_sq);
-  auto* __restrict vmax = static_cast<uint16_t*>(j.max_exp_avg_sq);
+  auto* __restrict m = static_cast<S*>(j.exp_avg);
+  auto* __restrict v = static_cast<S*>(j.exp_avg_sq);
+  auto* __restrict vmax = static_cast<S*>(j.max_exp_avg_sq);
   TORCHAMP_ADAM_CONSTANTS(V, I::splat);
   const auto iteration = [&](int64_t i, const auto& lanes) __attribute__((always_inline)) {
     V gi = read_grad_vec<MV, kUnscale>(g + i, scale, lanes);
-    V pi = I::widen_bf16(lanes.loadh(p + i)), mi = I::widen_bf16(lanes.loadh(m + i));
-    V vi = I::widen_bf16(lanes.loadh(v + i));
-    V vmi = kAmsgrad ? I::widen_bf16(lanes.loadh(vmax + i)) : V{};
+    V pi = I::widen_bf16(lanes.loadh(p + i)), mi = SV::load(m + i, lanes);
+    V vi = SV::load(v + i, lanes);
+    V vmi = kAmsgrad ? SV::load(vmax + i, lanes) : V{};
     TORCHAMP_ADAM_ELEMENT(gi, pi, mi, vi, vmi);
     const NoiseVec<I> n(j.noise_key, i);
-    lanes.storeh(m + i, I::narrow_bf16_stochastic(mi, n.s0));
-    lanes.storeh(v + i, I::narrow_bf16_stochastic(vi, n.s1));
+    SV::store(m + i, mi, n.s0, lanes);
+    SV::store(v + i, vi, n.s1, lanes);
     if (kAmsgrad) {
-      lanes.storeh(vmax + i, I::narrow_bf16_stochastic(vmi, n.s1));
+      SV::store(vmax + i, vmi, n.s1, lanes);
     }
     lanes.storeh(p + i, I::narrow_bf16_stochastic(pi, n.p));
   };
   const auto ahead = [&](int64_t i) __attribute__((always_inline)) {
-    for (const void* a : {static_cast<const void*>(p), static_cast<const void*>(g),
-                          static_cast<const void*>(m), static_cast<const void*>(v)}) {
-      ahead16(a, i);
-    }
+    ahead16(p, i);
+    ahead16(g, i);
+    SV::ahead(m, i);
+    SV::ahead(v, i);
     if (kAmsgrad) {
-      ahead16(vmax, i);
+      SV::ahead(vmax, i);
     }
   };
   if (!walk<I>(b, e, iteration, ahead)) {
@@ -685,22 +726,22 @@ TORCHAMP_INLINE void adam_sr_vec(const AdamJob& j, int64_t b, int64_t e, float g
   }
 }
 
-template <class I, bool kUnscale>
+template <class I, class SV, bool kUnscale>
 TORCHAMP_INLINE void sgd_sr_vec(const SgdJob& j, int64_t b, int64_t e, float grad_scale) {
   using V = typename I::V;
   using MV = Bf16MasterVec<I>;
   auto* __restrict p = static_cast<uint16_t*>(j.param);
   auto* __restrict g = static_cast<uint16_t*>(j.grad);
-  auto* __restrict buf = static_cast<uint16_t*>(j.momentum_buffer);
+  auto* __restrict buf = static_cast<typename SV::T*>(j.momentum_buffer);
   TORCHAMP_SGD_CONSTANTS(V, I::splat);
   const auto iteration = [&](int64_t i, const auto& lanes) __attribute__((always_inline)) {
     V d = read_grad_vec<MV, kUnscale>(g + i, scale, lanes);
     V pi = I::widen_bf16(lanes.loadh(p + i));
-    V bi = has_momentum && !first ? I::widen_bf16(lanes.loadh(buf + i)) : V{};
+    V bi = has_momentum && !first ? SV::load(buf + i, lanes) : V{};
     TORCHAMP_SGD_ELEMENT(d, pi, bi);
     const NoiseVec<I> n(j.noise_key, i);
     if (has_momentum) {
-      lanes.storeh(buf + i, I::narrow_bf16_stochastic(bi, n.s0));
+      SV::store(buf + i, bi, n.s0, lanes);
     }
     lanes.storeh(p + i, I::narrow_bf16_stochastic(pi, n.p));
   };
@@ -708,7 +749,7 @@ TORCHAMP_INLINE void sgd_sr_vec(const SgdJob& j, int64_t b, int64_t e, float gra
     ahead16(p, i);
     ahead16(g, i);
     if (has_momentum) {
-      ahead16(buf, i);
+      SV::ahead(buf, i);
     }
   };
   if (!walk<I>(b, e, iteration, ahead)) {
@@ -734,21 +775,21 @@ template <class MV, bool kUnscale>
 TORCHAMP_AVX512 void sgd_avx512(const SgdJob& j, int64_t b, int64_t e, float s) {
   sgd_vec<Avx512, MV, kUnscale>(j, b, e, s);
 }
-template <bool kDecoupled, bool kAmsgrad, bool kUnscale>
+template <template <class> class SV, bool kDecoupled, bool kAmsgrad, bool kUnscale>
 TORCHAMP_AVX2 void adam_sr_avx2(const AdamJob& j, int64_t b, int64_t e, float s) {
-  adam_sr_vec<Avx2, kDecoupled, kAmsgrad, kUnscale>(j, b, e, s);
+  adam_sr_vec<Avx2, SV<Avx2>, kDecoupled, kAmsgrad, kUnscale>(j, b, e, s);
 }
-template <bool kDecoupled, bool kAmsgrad, bool kUnscale>
+template <template <class> class SV, bool kDecoupled, bool kAmsgrad, bool kUnscale>
 TORCHAMP_AVX512 void adam_sr_avx512(const AdamJob& j, int64_t b, int64_t e, float s) {
-  adam_sr_vec<Avx512, kDecoupled, kAmsgrad, kUnscale>(j, b, e, s);
+  adam_sr_vec<Avx512, SV<Avx512>, kDecoupled, kAmsgrad, kUnscale>(j, b, e, s);
 }
-template <bool kUnscale>
+template <template <class> class SV, bool kUnscale>
 TORCHAMP_AVX2 void sgd_sr_avx2(const SgdJob& j, int64_t b, int64_t e, float s) {
-  sgd_sr_vec<Avx2, kUnscale>(j, b, e, s);
+  sgd_sr_vec<Avx2, SV<Avx2>, kUnscale>(j, b, e, s);
 }
-template <bool kUnscale>
+template <template <class> class SV, bool kUnscale>
 TORCHAMP_AVX512 void sgd_sr_avx512(const SgdJob& j, int64_t b, int64_t e, float s) {
-  sgd_sr_vec<Avx512, kUnscale>(j, b, e, s);
+  sgd_sr_vec<Avx512, SV<Avx512>, kUnscale>(j, b, e, s);
 }
 TORCHAMP_X86_DIAGNOSTICS_POP
 
@@ -770,19 +811,22 @@ TORCHAMP_X86_DIAGNOSTICS_POP
 
 // The loop for a master (or stochastic) job on `isa` (avx2 or avx512):
 // [avx512][float16][decoupled][amsgrad][unscale].
-// A stochastic job's: [avx512][decoupled][amsgrad][unscale].
-#define TORCHAMP_ADAM_SR_ISA(F)                         \
-  {                                                     \
-    {{F<false, false, false>, F<false, false, true>},   \
-     {F<false, true, false>, F<false, true, true>}},    \
-        {{F<true, false, false>, F<true, false, true>}, \
-         {F<true, true, false>, F<true, true, true>}},  \
+// A stochastic job's: [avx512][float_state][decoupled][amsgrad][unscale].
+#define TORCHAMP_ADAM_SR_ROW(F, SV)                             \
+  {                                                             \
+    {{F<SV, false, false, false>, F<SV, false, false, true>},   \
+     {F<SV, false, true, false>, F<SV, false, true, true>}},    \
+        {{F<SV, true, false, false>, F<SV, true, false, true>}, \
+         {F<SV, true, true, false>, F<SV, true, true, true>}},  \
   }
+#define TORCHAMP_ADAM_SR_ISA(F) \
+  { TORCHAMP_ADAM_SR_ROW(F, Bf16SrState), TORCHAMP_ADAM_SR_ROW(F, F32State) }
 AdamLoop vec_loop_for(Isa isa, const AdamJob& j, bool unscale) {
-  static const AdamLoop kSrLoops[2][2][2][2] = {TORCHAMP_ADAM_SR_ISA(adam_sr_avx2),
-                                                TORCHAMP_ADAM_SR_ISA(adam_sr_avx512)};
+  static const AdamLoop kSrLoops[2][2][2][2][2] = {TORCHAMP_ADAM_SR_ISA(adam_sr_avx2),
+                                                   TORCHAMP_ADAM_SR_ISA(adam_sr_avx512)};
   if (j.stochastic) {
-    return kSrLoops[isa == Isa::avx512][j.decoupled][j.max_exp_avg_sq != nullptr][unscale];
+    return kSrLoops[isa == Isa::avx512][j.float_state][j.decoupled][j.max_exp_avg_sq != nullptr]
+                   [unscale];
   }
   static const AdamLoop kLoops[2][2][2][2][2] = {TORCHAMP_ADAM_VEC_ISA(adam_avx2, Avx2),
                                                  TORCHAMP_ADAM_VEC_ISA(adam_avx512, Avx512)};
@@ -790,10 +834,13 @@ AdamLoop vec_loop_for(Isa isa, const AdamJob& j, bool unscale) {
                [unscale];
 }
 SgdLoop vec_loop_for(Isa isa, const SgdJob& j, bool unscale) {
-  static const SgdLoop kSrLoops[2][2] = {{sgd_sr_avx2<false>, sgd_sr_avx2<true>},
-                                         {sgd_sr_avx512<false>, sgd_sr_avx512<true>}};
+  static const SgdLoop kSrLoops[2][2][2] = {
+      {{sgd_sr_avx2<Bf16SrState, false>, sgd_sr_avx2<Bf16SrState, true>},
+       {sgd_sr_avx2<F32State, false>, sgd_sr_avx2<F32State, true>}},
+      {{sgd_sr_avx512<Bf16SrState, false>, sgd_sr_avx512<Bf16SrState, true>},
+       {sgd_sr_avx512<F32State, false>, sgd_sr_avx512<F32State, true>}}};
   if (j.stochastic) {
-    return kSrLoops[isa == Isa::avx512][unscale];
+    return kSrLoops[isa == Isa::avx512][j.float_state][unscale];
   }
   static const SgdLoop kLoops[2][2][2] = {TORCHAMP_SGD_VEC_ISA(sgd_avx2, Avx2),
                                           TORCHAMP_SGD_VEC_ISA(sgd_avx512, Avx512)};
@@ -801,6 +848,7 @@ SgdLoop vec_loop_for(Isa isa, const SgdJob& j, bool unscale) {
 }
 #undef TORCHAMP_SGD_VEC_ISA
 #undef TORCHAMP_ADAM_SR_ISA
+#undef TORCHAMP_ADAM_SR_ROW
 #undef TORCHAMP_ADAM_VEC_ISA
 #undef TORCHAMP_ADAM_VEC_ROW
 #else
@@ -842,7 +890,7 @@ int64_t element_bytes(at::ScalarType dtype) {
 
 void prefetch_small(const AdamJob& j) {
   const int64_t e = element_bytes(j.dtype) * j.numel;
-  const int64_t st = (j.master != nullptr ? 4 : element_bytes(j.dtype)) * j.numel;
+  const int64_t st = (j.master != nullptr || j.float_state ? 4 : element_bytes(j.dtype)) * j.numel;
   prefetch_array(j.param, e);
   prefetch_array(j.grad, e);
   prefetch_array(j.master, j.dtype == at::kHalf ? 4 * j.numel : e);
@@ -856,7 +904,8 @@ void prefetch_small(const SgdJob& j) {
   prefetch_array(j.param, e);
   prefetch_array(j.grad, e);
   prefetch_array(j.master, j.dtype == at::kHalf ? 4 * j.numel : e);
-  prefetch_array(j.momentum_buffer, (j.master != nullptr ? 4 : element_bytes(j.dtype)) * j.numel);
+  prefetch_array(j.momentum_buffer,
+                 (j.master != nullptr || j.float_state ? 4 : element_bytes(j.dtype)) * j.numel);
 }
 
 // Runs run_job(isa, job, unscale, begin, end, scale) over every job's

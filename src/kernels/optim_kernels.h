@@ -15,9 +15,10 @@
 // numel int16), a float16 parameter's a float32 copy (`master`: numel float32).
 //
 // Stochastic rounding (`stochastic`, bfloat16 parameters without a master only): the update runs
-// in float32 as above, and the parameter and its bfloat16 state are each written back rounded
-// stochastically (float_to_bf16_stochastic), the noise of element i a hash of i and the job's
-// `noise_key` (rounding_key): the same key gives the same bits, on any thread split or rank.
+// in float32 as above, and the parameter and its bfloat16 state (float32 with `float_state`,
+// stored as it is) are each written back rounded stochastically (float_to_bf16_stochastic), the
+// noise of element i a hash of i and the job's `noise_key` (rounding_key): the same key gives the
+// same bits, on any thread split or rank.
 
 #include <c10/core/ScalarType.h>
 
@@ -48,6 +49,7 @@ struct AdamJob {
   double bias_correction2_sqrt;  // sqrt(1 - beta2^step)
   bool decoupled;                // AdamW: p *= 1 - lr * weight_decay; Adam: g += weight_decay * p
   bool stochastic = false;       // see the top of this file
+  bool float_state = false;      // stochastic: the state is float32, stored exactly
   uint64_t noise_key = 0;
 };
 
@@ -67,7 +69,8 @@ struct SgdJob {
   double weight_decay;
   bool nesterov;
   bool first;
-  bool stochastic = false;  // see the top of this file
+  bool stochastic = false;   // see the top of this file
+  bool float_state = false;  // stochastic: the buffer is float32, stored exactly
   uint64_t noise_key = 0;
 };
 

@@ -89,6 +89,16 @@ void check_fused_options(const torch::optim::Optimizer& opt, const FusedOptions&
                               "torchamp::optim: FusedOptions().aten_kernels(true) needs ATen's "
                               "fused optimizer ops, LibTorch 2.4 or later; this is ",
                               compat::runtime_torch_version(), ".");
+  const auto state = fused.state_dtype();
+  TORCH_CHECK_VALUE(!state || *state == at::kFloat || *state == at::kBFloat16,
+                    "torchamp::optim: FusedOptions().state_dtype(", state ? *state : at::kFloat,
+                    "): the state of a stochastically rounded parameter is BFloat16 or Float; "
+                    "nothing was changed.");
+  TORCH_CHECK_VALUE(!state || fused.stochastic_rounding(),
+                    "torchamp::optim: FusedOptions().state_dtype(", state ? *state : at::kFloat,
+                    ") without stochastic_rounding(true): it sets the state's dtype of "
+                    "stochastically rounded parameters (master weights keep float32 state, other "
+                    "parameters their own dtype's); nothing was changed.");
   if (!fused.stochastic_rounding()) {
     return;
   }
@@ -133,15 +143,14 @@ at::Tensor Fused<Base>::step(torch::optim::Optimizer::LossClosure closure) {
 template <class Base>
 bool Fused<Base>::supports_amp_scaling() const {
   const auto& f = fused_.impl();
-  return can_fuse<typename Update<Base>::State>(*this, f.masters.on(), f.rounding.on, f.aten_on_cpu,
-                                                Update<Base>::tensors);
+  return can_fuse<typename Update<Base>::State>(*this, f.rules(), Update<Base>::tensors);
 }
 
 template <class Base>
 bool Fused<Base>::prepare_amp_step() {
   auto& f = fused_.impl();
-  return prepare<typename Update<Base>::State>(*this, f.cache.plan(), f.masters, f.rounding.on,
-                                               f.aten_on_cpu, Update<Base>::tensors);
+  return prepare<typename Update<Base>::State>(*this, f.cache.plan(), f.masters, f.rules(),
+                                               Update<Base>::tensors);
 }
 
 template <class Base>
@@ -191,6 +200,7 @@ FusedOptions Fused<Base>::fused_options() const {
       .master_weights(f.masters.on())
       .stochastic_rounding(f.rounding.on)
       .seed(f.rounding.seed)
+      .state_dtype(f.float_state ? c10::optional<at::ScalarType>(at::kFloat) : c10::nullopt)
       .aten_kernels(f.aten_on_cpu);
 }
 

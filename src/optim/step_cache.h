@@ -78,6 +78,23 @@ struct StepCache::Plan {
   bool prepared = false;
 };
 
+// What the optimizer's FusedOptions decide for every parameter's step.
+struct StepRules {
+  bool masters = false;      // master_weights: float32 masters and state for 16-bit parameters
+  bool stochastic = false;   // stochastic_rounding (bfloat16 parameters)
+  bool float_state = false;  // state_dtype(kFloat), with stochastic rounding
+  bool aten_on_cpu = false;  // aten_kernels: CPU parameters take ATen's path
+  // Whether `p` has a master weight.
+  bool master(const at::Tensor& p) const { return masters && low_precision(p.scalar_type()); }
+  // The dtype of `p`'s state: float32 with a master or where the options
+  // ask for it, else the parameter's own.
+  at::ScalarType state_dtype(const at::Tensor& p) const {
+    return master(p) || (stochastic && float_state) ? at::kFloat : p.scalar_type();
+  }
+  // A step the fused update cannot take throws instead of falling back.
+  bool must_fuse() const { return masters || stochastic; }
+};
+
 // Whether a parameter takes ATen's fused ops (CUDA, and CPU with
 // FusedOptions().aten_kernels) rather than torchamp's CPU kernels.
 inline bool takes_aten(const at::Tensor& p, bool aten_on_cpu) {
@@ -222,8 +239,7 @@ bool param_can_fuse(const at::Tensor& p, const at::Tensor& grad, bool stochastic
 // supports_amp_scaling(): the walk's verdict without the walk's cache,
 // changing nothing (no state remembered, no master made or dropped).
 template <class State, class TensorsOf>
-bool can_fuse(const torch::optim::Optimizer& opt, bool masters_on, bool stochastic,
-              bool aten_on_cpu, TensorsOf tensors_of) {
+bool can_fuse(const torch::optim::Optimizer& opt, const StepRules& rules, TensorsOf tensors_of) {
   const auto& state = opt.state();
   const auto& groups = opt.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -234,14 +250,13 @@ bool can_fuse(const torch::optim::Optimizer& opt, bool masters_on, bool stochast
       if (!grad.defined()) {
         continue;
       }
-      const at::ScalarType state_dtype =
-          masters_on && low_precision(p.scalar_type()) ? at::kFloat : p.scalar_type();
       auto fits = [&] {
         const auto it = state.find(compat::optim_state_key(state, p));
-        return it == state.end() ||
-               state_fits(tensors_of(static_cast<const State&>(*it->second)), state_dtype, p);
+        return it == state.end() || state_fits(tensors_of(static_cast<const State&>(*it->second)),
+                                               rules.state_dtype(p), p);
       };
-      if (!param_can_fuse(p, grad, stochastic, masters_on || stochastic, aten_on_cpu, g, k, fits)) {
+      if (!param_can_fuse(p, grad, rules.stochastic, rules.must_fuse(), rules.aten_on_cpu, g, k,
+                          fits)) {
         return false;
       }
     }
@@ -258,11 +273,10 @@ bool can_fuse(const torch::optim::Optimizer& opt, bool masters_on, bool stochast
 // cached key and compared with the one last seen (a load(), an entry
 // replaced or erased, a state tensor replaced or resized), and a new one is
 // checked before it is used. With master weights or stochastic rounding
-// (`stochastic`), a step the fused update cannot take throws instead.
-// `aten_on_cpu`: CPU parameters take ATen's ops too (takes_aten).
+// (`rules.must_fuse()`), a step the fused update cannot take throws instead.
 template <class State, class TensorsOf>
 bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan, MasterWeights& masters,
-             bool stochastic, bool aten_on_cpu, TensorsOf tensors_of) {
+             const StepRules& rules, TensorsOf tensors_of) {
   plan.prepared = false;
   plan.ready.clear();
   const auto& groups = opt.param_groups();
@@ -299,9 +313,9 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan, MasterWe
         c.key = compat::optim_state_key(state, p);
         c.group = g;
         c.index = static_cast<size_t>(&p - groups[g].params().data());
-        c.master = masters.on() && low_precision(p.scalar_type());
-        c.stochastic = stochastic;
-        c.state_dtype = c.master ? at::kFloat : p.scalar_type();
+        c.master = rules.master(p);
+        c.stochastic = rules.stochastic;
+        c.state_dtype = rules.state_dtype(p);
         auto it = store.find(p.unsafeGetTensorImpl());
         if (it != store.end()) {
           kept.insert(*it);
@@ -335,7 +349,7 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan, MasterWe
       const StateTensors ts = tensors_of(static_cast<const State&>(*st));
       return same_state(c, st, ts) || accept_state(c, st, ts);
     };
-    if (!param_can_fuse(p, grad, c.stochastic, masters.on() || c.stochastic, aten_on_cpu, c.group,
+    if (!param_can_fuse(p, grad, c.stochastic, rules.must_fuse(), rules.aten_on_cpu, c.group,
                         c.index, fits)) {
       return false;
     }
@@ -364,11 +378,10 @@ bool prepare(const torch::optim::Optimizer& opt, StepCache::Plan& plan, MasterWe
 // cannot be fused.
 template <class State, class TensorsOf>
 StepCache::Plan& ready_plan(const torch::optim::Optimizer& opt, StepCache& cache,
-                            MasterWeights& masters, bool stochastic, bool aten_on_cpu,
-                            TensorsOf tensors_of) {
+                            MasterWeights& masters, const StepRules& rules, TensorsOf tensors_of) {
   StepCache::Plan& plan = cache.plan();
   if (!plan.prepared) {
-    TORCH_CHECK(prepare<State>(opt, plan, masters, stochastic, aten_on_cpu, tensors_of),
+    TORCH_CHECK(prepare<State>(opt, plan, masters, rules, tensors_of),
                 "amp_step: this step's parameters, gradients or state cannot take the fused "
                 "update (prepare_amp_step() is false)");
   }

@@ -183,9 +183,10 @@ struct AtenParams {
       grads.push_back(grad);
     }
   }
-  // A state tensor of the parameter added last, as the call takes it.
+  // A state tensor of the parameter added last, as the call takes it
+  // (float32 state, FusedOptions().state_dtype, as it is).
   at::Tensor state(const CachedParam& c, const at::Tensor& t) {
-    if (!c.stochastic) {
+    if (!c.stochastic || t.scalar_type() == at::kFloat) {
       return t;
     }
     rounded.back().state.emplace_back(t, t.to(at::kFloat));
@@ -297,8 +298,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
                 bool decoupled) {
   MasterWeights& masters = f.masters;
   StochasticRounding& rounding = f.rounding;
-  StepCache::Plan& plan =
-      ready_plan<State>(opt, f.cache, masters, rounding.on, f.aten_on_cpu, adam_tensors<State>);
+  StepCache::Plan& plan = ready_plan<State>(opt, f.cache, masters, f.rules(), adam_tensors<State>);
   StepFlags flags = read_flags(args, f.aten_on_cpu);
   if (flags.found_on_device.defined() && any_cpu_job(plan, f.aten_on_cpu)) {
     read_for_cpu_jobs(flags);
@@ -397,6 +397,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
     job.bias_correction2_sqrt = memo_bc2_sqrt;
     job.decoupled = decoupled;
     job.stochastic = c.stochastic;
+    job.float_state = c.stochastic && c.state_dtype == at::kFloat;
     job.noise_key = noise_key(rounding, c, r.index);
     jobs.push_back(job);
   }
@@ -423,8 +424,8 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
 void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const AmpStepArgs& args) {
   MasterWeights& masters = f.masters;
   StochasticRounding& rounding = f.rounding;
-  StepCache::Plan& plan = ready_plan<torch::optim::SGDParamState>(
-      opt, f.cache, masters, rounding.on, f.aten_on_cpu, sgd_tensors);
+  StepCache::Plan& plan =
+      ready_plan<torch::optim::SGDParamState>(opt, f.cache, masters, f.rules(), sgd_tensors);
   StepFlags flags = read_flags(args, f.aten_on_cpu);
   if (flags.found_on_device.defined() &&
       (any_cpu_job(plan, f.aten_on_cpu) || new_momentum_buffers(opt, plan))) {
@@ -499,6 +500,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
     job.weight_decay = options.weight_decay();
     job.nesterov = options.nesterov();
     job.stochastic = c.stochastic;
+    job.float_state = c.stochastic && c.state_dtype == at::kFloat;
     job.noise_key = noise_key(rounding, c, r.index);
     jobs.push_back(job);
   }

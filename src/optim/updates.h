@@ -25,11 +25,14 @@ struct detail::FusedState::Impl {
   explicit Impl(const FusedOptions& options)
       : masters(options.master_weights()),
         rounding{options.stochastic_rounding(), options.seed(), 0, at::Tensor(), false},
+        float_state(options.state_dtype() == at::kFloat),
         aten_on_cpu(options.aten_kernels()) {}
   StepCache cache;
   MasterWeights masters;
   StochasticRounding rounding;
-  bool aten_on_cpu;             // FusedOptions().aten_kernels
+  bool float_state;  // FusedOptions().state_dtype(kFloat)
+  bool aten_on_cpu;  // FusedOptions().aten_kernels
+  StepRules rules() const { return {masters.on(), rounding.on, float_state, aten_on_cpu}; }
   bool dtypes_checked = false;  // for the slow-CPU warning, at the first step
   // The step counts of Adam's parameters on ATen's path: float32 0-dim
   // tensors on the parameter's device, as ATen's ops and Python's fused

@@ -278,9 +278,9 @@ TEST(AtenKernels, StochasticRoundingOpsAreTheKernelsArithmetic) {
 // paths_agree, and an element whose update straddles a rounding edge then
 // differs by a bfloat16 step).
 template <class Opt, class Options>
-void rounding_paths_agree(const Options& options, const char* what) {
+void rounding_paths_agree(const Options& options, const char* what,
+                          FusedOptions sr = FusedOptions().stochastic_rounding(true).seed(3)) {
   SCOPED_TRACE(what);
-  const auto sr = FusedOptions().stochastic_rounding(true).seed(3);
   Training<Opt> own(make_params(at::kBFloat16), options, sr);
   Training<Opt> aten(make_params(at::kBFloat16), options, FusedOptions(sr).aten_kernels(true));
   int64_t differ = 0, total = 0, widest = 0;
@@ -310,6 +310,9 @@ TEST(AtenKernels, StochasticRoundingAgreesWithTheCpuKernels) {
                                               "Adam amsgrad");
   rounding_paths_agree<torchamp::optim::SGD>(torch::optim::SGDOptions(1e-2).momentum(0.9),
                                              "SGD momentum");
+  rounding_paths_agree<torchamp::optim::AdamW>(
+      torch::optim::AdamWOptions(1e-3).weight_decay(0.1), "AdamW float32 state",
+      FusedOptions().stochastic_rounding(true).seed(3).state_dtype(at::kFloat));
 }
 
 // Under a scaler whose state is in tensors (a CUDA scaler's way; here on the

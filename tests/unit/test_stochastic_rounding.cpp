@@ -333,9 +333,96 @@ TEST(StochasticRounding, BadOptionsAreTypedErrorsThatChangeNothing) {
   EXPECT_EQ(saved(nearest), plain);
 }
 
+// FusedOptions().state_dtype(kFloat): the moments are float32 and stored as
+// computed (the first step's exp_avg is exactly LibTorch's float32 AdamW's;
+// the parameter one of the two bfloat16 neighbours of that AdamW's float32
+// update); 12 bytes a parameter; same bits on any thread count; exact resume;
+// fused_options() says it; a bfloat16 archive's state is refused at the step
+// and a bad state_dtype at construction, each changing nothing.
+TEST(StochasticRounding, Float32StateIsKeptExactly) {
+  const FusedOptions wide = FusedOptions(kStochastic).state_dtype(at::kFloat);
+  auto ps = make_params(12);
+  std::vector<at::Tensor> f32;
+  for (const auto& p : ps) {
+    f32.push_back(p.detach().to(at::kFloat).requires_grad_());
+  }
+  torchamp::optim::AdamW opt(ps, adamw(), wide);
+  torch::optim::AdamW reference(f32, adamw());
+  set_grads(ps, 0);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    f32[i].mutable_grad() = ps[i].grad().to(at::kFloat);
+  }
+  opt.step();
+  reference.step();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const auto& a = static_cast<const torch::optim::AdamWParamState&>(
+        *opt.state().at(torchamp::compat::optim_state_key(opt.state(), ps[i])));
+    const auto& r = static_cast<const torch::optim::AdamWParamState&>(
+        *reference.state().at(torchamp::compat::optim_state_key(reference.state(), f32[i])));
+    ASSERT_EQ(a.exp_avg().scalar_type(), at::kFloat);
+    ASSERT_EQ(a.exp_avg_sq().scalar_type(), at::kFloat);
+    EXPECT_TRUE(a.exp_avg().equal(r.exp_avg())) << "tensor " << i;
+    EXPECT_TRUE(torch::allclose(a.exp_avg_sq(), r.exp_avg_sq(), 1e-6, 0)) << "tensor " << i;
+    // The parameter: the float32 update rounded down or up to bfloat16.
+    const at::Tensor x = f32[i].detach();
+    const at::Tensor down = x.view(at::kInt).bitwise_and(~0xffff).view(at::kFloat);
+    const at::Tensor up = (x.view(at::kInt).bitwise_and(~0xffff) + 0x10000).view(at::kFloat);
+    const at::Tensor got = ps[i].detach().to(at::kFloat);
+    EXPECT_TRUE(((got == down) | (got == up) | (got == x)).all().item<bool>()) << "tensor " << i;
+  }
+  EXPECT_EQ(opt.fused_options().state_dtype(), c10::optional<at::ScalarType>(at::kFloat));
+
+  // Same bits on 1 and 2 threads, and resumed from an archive.
+  const int threads = at::get_num_threads();
+  std::vector<std::vector<at::Tensor>> runs;
+  for (const int t : {1, 2}) {
+    at::set_num_threads(t);
+    auto qs = make_params(13);
+    torchamp::optim::Adam a(qs, torch::optim::AdamOptions(1e-3), wide);
+    train(a, qs, 0, 4);
+    const std::string archive = saved(a);
+    const auto at_save = clones(qs);
+    train(a, qs, 4, 8);
+    runs.push_back(clones(qs));
+    auto resumed = clones(at_save);
+    for (auto& r : resumed) {
+      r.requires_grad_();
+    }
+    torchamp::optim::Adam again(resumed, torch::optim::AdamOptions(1e-3), wide);
+    load_bytes(again, archive);
+    train(again, resumed, 4, 8);
+    EXPECT_TRUE(same_bits(runs.back(), clones(resumed)));
+  }
+  at::set_num_threads(threads);
+  EXPECT_TRUE(same_bits(runs[0], runs[1]));
+
+  using torchamp_test::expect_throws;
+  expect_throws<c10::ValueError>(
+      [&] {
+        torchamp::optim::AdamW bad(ps, adamw(), FusedOptions(kStochastic).state_dtype(at::kHalf));
+      },
+      "state_dtype(Half): the state of a stochastically rounded parameter is BFloat16 or Float");
+  expect_throws<c10::ValueError>(
+      [&] { torchamp::optim::AdamW bad(ps, adamw(), FusedOptions().state_dtype(at::kFloat)); },
+      "state_dtype(Float) without stochastic_rounding(true)");
+  // An archive of bfloat16 moments into a float32-state optimizer: its step
+  // is refused, before anything is written.
+  auto rs = make_params(14);
+  torchamp::optim::AdamW narrow(rs, adamw(), kStochastic);
+  train(narrow, rs, 0, 2);
+  torchamp::optim::AdamW widened(rs, adamw(), wide);
+  load_bytes(widened, saved(narrow));
+  set_grads(rs, 2);
+  const auto before = clones(rs);
+  const std::string state_before = saved(widened);
+  expect_throws<c10::NotImplementedError>([&] { widened.step(); }, "param_groups[0].params[0]");
+  EXPECT_TRUE(same_bits(before, clones(rs)));
+  EXPECT_EQ(state_before, saved(widened));
+}
+
 // The vector loops (AVX2, AVX-512) give the one-pass loop's bits: every
 // bfloat16 pattern as gradient, tails of every length, each optimizer, with
-// and without the unscale, on 1 and 2 threads.
+// and without the unscale, bfloat16 and float32 state, on 1 and 2 threads.
 TEST(StochasticRounding, VectorPathEqualsTheOnePassLoop) {
   using torchamp::kernels::Isa;
   const auto& cpu = torchamp::kernels::cpu_features();
@@ -352,7 +439,10 @@ TEST(StochasticRounding, VectorPathEqualsTheOnePassLoop) {
   const Isa cap_was = torchamp::kernels::isa_cap();
   const int threads_was = at::get_num_threads();
   // The parameters', gradients' and state's 16 bits after three steps.
-  const auto run = [](Isa isa, int threads, int which, std::optional<float> scale) {
+  const auto run = [](Isa isa, int threads, int which, std::optional<float> scale,
+                      bool float_state) {
+    const FusedOptions sr =
+        float_state ? FusedOptions(kStochastic).state_dtype(at::kFloat) : kStochastic;
     std::vector<at::Tensor> ps;
     int64_t k = 0;
     for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 31, 2047, 2048, 65536 + 3}) {
@@ -369,14 +459,13 @@ TEST(StochasticRounding, VectorPathEqualsTheOnePassLoop) {
     std::unique_ptr<torch::optim::Optimizer> opt;
     if (which == 0) {
       opt = std::make_unique<torchamp::optim::AdamW>(
-          ps, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true), kStochastic);
+          ps, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true), sr);
     } else if (which == 1) {
       opt = std::make_unique<torchamp::optim::Adam>(
-          ps, torch::optim::AdamOptions(1e-2).weight_decay(0.1), kStochastic);
+          ps, torch::optim::AdamOptions(1e-2).weight_decay(0.1), sr);
     } else {
       opt = std::make_unique<torchamp::optim::SGD>(
-          ps, torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(0.1),
-          kStochastic);
+          ps, torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(0.1), sr);
     }
     torchamp::kernels::cap_isa(isa);
     at::set_num_threads(threads);
@@ -385,6 +474,14 @@ TEST(StochasticRounding, VectorPathEqualsTheOnePassLoop) {
       args.grad_scale = scale;
       dynamic_cast<torchamp::StepSupportsAmpScaling&>(*opt).amp_step(args);
     }
+    // State bits; a float32 NaN's payload aside (the compiler may swap the
+    // operands of a + b in the one-pass loop, and x86 keeps the first NaN's;
+    // bfloat16 stores make every NaN 0x7FC0).
+    const auto state_bits = [](const at::Tensor& t) {
+      return bits16(t.scalar_type() == at::kFloat
+                        ? t.masked_fill(t.isnan(), std::numeric_limits<float>::quiet_NaN())
+                        : t);
+    };
     std::vector<at::Tensor> out;
     for (const auto& p : ps) {
       out.push_back(bits16(p.detach()));
@@ -392,13 +489,13 @@ TEST(StochasticRounding, VectorPathEqualsTheOnePassLoop) {
       const auto& st = *opt->state().at(torchamp::compat::optim_state_key(opt->state(), p));
       if (which == 2) {
         out.push_back(
-            bits16(static_cast<const torch::optim::SGDParamState&>(st).momentum_buffer()));
+            state_bits(static_cast<const torch::optim::SGDParamState&>(st).momentum_buffer()));
       } else {
         const auto& a = static_cast<const torch::optim::AdamParamState&>(st);
-        out.push_back(bits16(a.exp_avg()));
-        out.push_back(bits16(a.exp_avg_sq()));
+        out.push_back(state_bits(a.exp_avg()));
+        out.push_back(state_bits(a.exp_avg_sq()));
         if (a.max_exp_avg_sq().defined()) {
-          out.push_back(bits16(a.max_exp_avg_sq()));
+          out.push_back(state_bits(a.max_exp_avg_sq()));
           // AMSGrad's max rounds with its value's noise: never below it.
           const at::Tensor below =
               a.max_exp_avg_sq().to(at::kFloat) < a.exp_avg_sq().to(at::kFloat);
@@ -411,15 +508,17 @@ TEST(StochasticRounding, VectorPathEqualsTheOnePassLoop) {
   for (const int threads : {1, 2}) {
     for (int which = 0; which < 3; ++which) {
       for (const auto scale : {std::optional<float>(), std::optional<float>(1024.0f)}) {
-        const auto portable = run(Isa::portable, threads, which, scale);
-        for (const Isa isa : isas) {
-          SCOPED_TRACE(std::string(torchamp::kernels::isa_name(isa)) + " threads " +
-                       std::to_string(threads) + " optimizer " + std::to_string(which) +
-                       (scale ? " unscaling" : ""));
-          const auto vec = run(isa, threads, which, scale);
-          ASSERT_EQ(vec.size(), portable.size());
-          for (size_t t = 0; t < vec.size(); ++t) {
-            EXPECT_TRUE(vec[t].equal(portable[t])) << "tensor " << t;
+        for (const bool float_state : {false, true}) {
+          const auto portable = run(Isa::portable, threads, which, scale, float_state);
+          for (const Isa isa : isas) {
+            SCOPED_TRACE(std::string(torchamp::kernels::isa_name(isa)) + " threads " +
+                         std::to_string(threads) + " optimizer " + std::to_string(which) +
+                         (scale ? " unscaling" : "") + (float_state ? " float32 state" : ""));
+            const auto vec = run(isa, threads, which, scale, float_state);
+            ASSERT_EQ(vec.size(), portable.size());
+            for (size_t t = 0; t < vec.size(); ++t) {
+              EXPECT_TRUE(vec[t].equal(portable[t])) << "tensor " << t;
+            }
           }
         }
       }
