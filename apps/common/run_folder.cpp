@@ -1,6 +1,7 @@
 #include "run_folder.h"
 
 #include <iomanip>
+#include <iostream>
 #include <stdexcept>
 
 namespace fs = std::filesystem;
@@ -21,6 +22,17 @@ RunFolder::RunFolder(fs::path dir, Options saved)
   if (fs::exists(checkpoint())) {
     position_ = read_position(checkpoint());
   }
+}
+
+RunFolder RunFolder::open(const RunArgs& args, int world, const Options& options,
+                          const std::string& app) {
+  if (args.out.empty() && world > 1) {
+    throw std::invalid_argument(
+        "on more than one process give --out: every rank must open the "
+        "same run folder");
+  }
+  return open(args.out.empty() ? fs::path(timestamped(args.default_prefix)) : fs::path(args.out),
+              options, app);
 }
 
 RunFolder RunFolder::open(const fs::path& dir, const Options& options, const std::string& app) {
@@ -55,6 +67,30 @@ RunFolder RunFolder::existing(const fs::path& dir, const std::string& app) {
 bool RunFolder::finished(std::size_t modes) const {
   return fs::exists(path(run_files::kFinished)) ||
          (holds_run() && position_.mode_index >= static_cast<int64_t>(modes));
+}
+
+bool RunFolder::report_if_finished(std::size_t modes, int rank, const std::string& app,
+                                   const std::function<void()>& results) const {
+  if (!finished(modes)) {
+    return false;
+  }
+  if (rank == 0) {
+    std::cout << app << ": the run in " << dir_.string() << " has finished ("
+              << (modes == 1 ? std::string("its one mode") : "all " + std::to_string(modes) + " modes")
+              << " done); nothing to do. Its results ("
+              << path(run_files::kSummary).string() << "):\n";
+    results();
+  }
+  return true;
+}
+
+std::string RunFolder::resume_line(std::size_t modes) const {
+  if (!continuing()) {
+    return "";
+  }
+  return "resuming at mode " + std::to_string(position_.mode_index + 1) + "/" +
+         std::to_string(modes) + ", step " + std::to_string(position_.step) + " from " +
+         checkpoint() + "\n";
 }
 
 void RunFolder::start(const Options& options, const std::string& metrics_header,

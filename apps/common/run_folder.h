@@ -8,13 +8,27 @@
 #include "run_state.h"
 #include "support.h"
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 
 namespace torchamp_apps {
+
+/// The options of the run around the numbers, the same in every app
+/// (cli.h reads them from the command line).
+struct RunArgs {
+  std::string out;               // --out: the run folder; empty: default_prefix + date-time
+  std::string default_prefix;    // the app's, e.g. "runs/gpt-"
+  int64_t checkpoint_every = 0;  // --checkpoint-every: steps; 0: none
+  double timeout_s = 300;        // --timeout: seconds a collective may wait
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  }
+};
 
 /// A run folder as a rank finds it: new, or holding a run to continue (or
 /// one already finished). Every rank opens it; rank 0 alone writes the
@@ -28,6 +42,12 @@ class RunFolder {
   /// the first option that differs. `app` names the program in messages.
   /// Throws std::invalid_argument; writes nothing.
   static RunFolder open(const std::filesystem::path& dir, const Options& options,
+                        const std::string& app);
+  /// open() on --out as `args` give it, or, without one, a new folder named
+  /// from this process's clock (args.default_prefix and the date and time).
+  /// On more than one process (`world`) --out is required: every rank must
+  /// open the same folder, and their clocks need not agree on the second.
+  static RunFolder open(const RunArgs& args, int world, const Options& options,
                         const std::string& app);
   /// --resume DIR: a run folder whose own options the run adopts
   /// (saved_options()). Throws std::invalid_argument when DIR holds no run.
@@ -50,6 +70,42 @@ class RunFolder {
   /// Whether all of the run's `modes` are done (the marker, or a position
   /// past the last: a run from before the marker).
   bool finished(std::size_t modes) const;
+  /// finished(modes), and if so rank 0 says so ("<app>: the run in DIR has
+  /// finished ...; nothing to do") and prints `results`.
+  bool report_if_finished(std::size_t modes, int rank, const std::string& app,
+                          const std::function<void()>& results) const;
+  /// "resuming at mode M/N, step S from <checkpoint>" for a run that
+  /// continues, empty for one that starts.
+  std::string resume_line(std::size_t modes) const;
+
+  /// Trains the run's `modes` from position() on, on every rank:
+  /// `train(i, from)` runs mode i (`from`: the checkpoint to continue it
+  /// from, or empty), rank 0 `record`s its result (summary.csv's row), and a
+  /// position past it goes through `bookmark` (flushing the logs; a
+  /// collective where the app's is) into the checkpoint, so that a resumed
+  /// run never repeats a finished mode. Rank 0 marks the run finished.
+  template <class Result>
+  void run_modes(std::size_t modes, bool root,
+                 const std::function<Result(int64_t, const std::string&)>& train,
+                 const std::function<void(const Result&)>& record,
+                 const std::function<void(Position&)>& bookmark) {
+    const int64_t first = position_.mode_index;
+    const std::string from = mid_mode() ? checkpoint() : "";
+    for (int64_t i = first; i < static_cast<int64_t>(modes); ++i) {
+      const Result result = train(i, i == first ? from : "");
+      if (root) {
+        record(result);
+      }
+      Position next{i + 1, 0, 0, 0, {}};
+      bookmark(next);
+      if (root) {
+        save_position(checkpoint(), next);
+      }
+    }
+    if (root) {
+      mark_finished();
+    }
+  }
 
   /// Rank 0, a run from the start: the options file and the logs' headers;
   /// an older run's checkpoint, rank logs and marker go.
@@ -58,6 +114,11 @@ class RunFolder {
   /// Rank 0, continuing at position(): what was written after the
   /// checkpoint goes (the options file is rewritten under today's name).
   void resume();
+  /// Rank 0: resume() a run that continues, else start() one.
+  void start_or_resume(const Options& options, const std::string& metrics_header,
+                       const std::string& summary_header) {
+    continuing() ? resume() : start(options, metrics_header, summary_header);
+  }
   RunLogs& logs() { return logs_; }
   /// Rank 0: every mode is done.
   void mark_finished();

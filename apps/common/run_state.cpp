@@ -9,6 +9,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -229,6 +230,10 @@ std::string g17(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
+}
+
+std::string cell(double v) {
+  return std::isnan(v) ? "" : g17(v);
 }
 
 std::vector<std::string> split_csv(const std::string& line) {

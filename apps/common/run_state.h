@@ -13,8 +13,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
+#include <limits>
+#include <ostream>
+#include <stdexcept>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace torchamp {
@@ -125,11 +130,85 @@ class RunLogs {
 
 /// A double as "%.17g" (what the logs hold: read back, the same double).
 std::string g17(double v);
+/// A log's cell for a double: g17, empty for NaN (a value a row lacks).
+std::string cell(double v);
 /// One CSV line's cells (a trailing comma gives a last empty cell).
 std::vector<std::string> split_csv(const std::string& line);
 /// A CSV file's rows after its header; none for a missing file.
 std::vector<std::vector<std::string>> read_csv(const std::filesystem::path& path);
 /// `prefix` followed by the local date and time, "2026-12-04_09-30-00".
 std::string timestamped(const std::string& prefix);
+
+/// A CSV log's columns, each a member of `Row`, named once: the header, a
+/// row's line and a row read back from its cells come from the one table
+/// (doubles as cell(), integers in decimal, bools as 0/1, strings as they
+/// are: no commas).
+template <class Row>
+class Columns {
+ public:
+  using Member = std::variant<std::string Row::*, double Row::*, int64_t Row::*, bool Row::*>;
+  struct Column {
+    const char* name;
+    Member member;
+  };
+  Columns(std::initializer_list<Column> columns) : columns_(columns) {}
+
+  std::string header() const {
+    std::string h;
+    for (const auto& c : columns_) {
+      h += (h.empty() ? "" : ",") + std::string(c.name);
+    }
+    return h;
+  }
+  /// `row`'s line, newline included.
+  void write(std::ostream& os, const Row& row) const {
+    for (size_t k = 0; k < columns_.size(); ++k) {
+      os << (k == 0 ? "" : ",");
+      std::visit([&](auto m) { os << text(row.*m); }, columns_[k].member);
+    }
+    os << "\n";
+  }
+  /// The row of `cells` (a line of the log); std::runtime_error naming the
+  /// line when it has another number of cells or a cell does not parse.
+  Row read(const std::vector<std::string>& cells) const {
+    std::string line;
+    for (const auto& c : cells) {
+      line += (line.empty() ? "" : ",") + c;
+    }
+    if (cells.size() != columns_.size()) {
+      throw std::runtime_error("malformed log line (" + std::to_string(columns_.size()) +
+                               " cells expected): " + line);
+    }
+    Row row;
+    try {
+      for (size_t k = 0; k < columns_.size(); ++k) {
+        std::visit([&](auto m) { parse(cells[k], row.*m); }, columns_[k].member);
+      }
+    } catch (const std::logic_error&) {  // std::stod's and std::stoll's
+      throw std::runtime_error("malformed log line: " + line);
+    }
+    return row;
+  }
+  std::vector<Row> read_all(const std::vector<std::vector<std::string>>& rows) const {
+    std::vector<Row> out;
+    for (const auto& r : rows) {
+      out.push_back(read(r));
+    }
+    return out;
+  }
+
+ private:
+  static std::string text(const std::string& v) { return v; }
+  static std::string text(double v) { return cell(v); }
+  static std::string text(int64_t v) { return std::to_string(v); }
+  static std::string text(bool v) { return v ? "1" : "0"; }
+  static void parse(const std::string& s, std::string& v) { v = s; }
+  static void parse(const std::string& s, double& v) {
+    v = s.empty() ? std::numeric_limits<double>::quiet_NaN() : std::stod(s);
+  }
+  static void parse(const std::string& s, int64_t& v) { v = std::stoll(s); }
+  static void parse(const std::string& s, bool& v) { v = s == "1"; }
+  std::vector<Column> columns_;
+};
 
 }  // namespace torchamp_apps

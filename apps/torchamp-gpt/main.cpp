@@ -5,6 +5,7 @@
 // a GPU is there). Standalone it is one process; under torchrun each rank
 // takes its slice of every batch (torchamp::DistributedDataParallel).
 
+#include "cli.h"
 #include "launch.h"
 #include "report.h"
 #include "run_folder.h"
@@ -45,16 +46,22 @@ const Size kSizes[] = {
 };
 
 const char* const kMetricsHeader = "mode,step,loss,val_loss,scale,skipped,lr";
-const char* const kSummaryHeader =
-    "mode,val_loss,train_loss,skipped,final_scale,tokens_per_s,step_ms,peak_rss_mb,"
-    "bytes_per_param,params,weights,start_rss_mb";
+// summary.csv (and the Python twin's python-summary.csv): a row per mode.
+const torchamp_apps::Columns<ModeResult> kSummary{{"mode", &ModeResult::mode},
+                                                  {"val_loss", &ModeResult::val_loss},
+                                                  {"train_loss", &ModeResult::train_loss},
+                                                  {"skipped", &ModeResult::skipped},
+                                                  {"final_scale", &ModeResult::final_scale},
+                                                  {"tokens_per_s", &ModeResult::tokens_per_s},
+                                                  {"step_ms", &ModeResult::step_ms},
+                                                  {"peak_rss_mb", &ModeResult::peak_rss_mb},
+                                                  {"bytes_per_param", &ModeResult::bytes_per_param},
+                                                  {"params", &ModeResult::params},
+                                                  {"weights", &ModeResult::weights},
+                                                  {"start_rss_mb", &ModeResult::start_rss_mb}};
 
+using torchamp_apps::cell;
 using torchamp_apps::read_csv;
-
-// A log cell: "%.17g", empty for NaN (a step without a validation loss).
-std::string cell(double v) {
-  return std::isnan(v) ? "" : torchamp_apps::g17(v);
-}
 
 // The table of one or both runs (C++ and, when python-summary.csv is there,
 // Python's): mode, validation loss, tokens/s, peak memory, against float32
@@ -62,17 +69,14 @@ std::string cell(double v) {
 // state).
 void print_table(const fs::path& out, std::ostream& os) {
   using torchamp_apps::format;
-  const auto cpp = read_csv(out / torchamp_apps::run_files::kSummary);
-  const auto py = read_csv(out / "python-summary.csv");
-  auto find = [](const std::vector<std::vector<std::string>>& rows, const std::string& mode) {
-    for (const auto& r : rows) {
-      if (!r.empty() && r[0] == mode) {
-        return &r;
-      }
-    }
-    return static_cast<const std::vector<std::string>*>(nullptr);
+  const auto cpp = kSummary.read_all(read_csv(out / torchamp_apps::run_files::kSummary));
+  const auto py = kSummary.read_all(read_csv(out / "python-summary.csv"));
+  auto find = [](const std::vector<ModeResult>& rows, const std::string& mode) {
+    const auto it =
+        std::find_if(rows.begin(), rows.end(), [&](const ModeResult& r) { return r.mode == mode; });
+    return it == rows.end() ? nullptr : &*it;
   };
-  const auto* base = find(cpp, "fp32");
+  const ModeResult* base = find(cpp, "fp32");
   std::vector<std::string> header{"mode",        "val loss", "tokens/s", "peak MB",
                                   "bytes/param", "skipped",  "vs fp32"};
   if (!py.empty()) {
@@ -81,19 +85,18 @@ void print_table(const fs::path& out, std::ostream& os) {
   }
   torchamp_apps::Table table(header);
   for (const auto& r : cpp) {
-    const double tps = std::stod(r[5]);
     std::vector<std::string> row{
-        r[0],
-        format("%.4f", std::stod(r[1])),
-        format("%.0f", tps),
-        format("%.0f", std::stod(r[7])),
-        format("%.1f", std::stod(r[8])),
-        r[3],
-        base ? std::to_string(tps / std::stod((*base)[5])).substr(0, 4) + "x" : "-"};
-    if (const auto* p = py.empty() ? nullptr : find(py, r[0])) {
-      row.insert(row.end(),
-                 {format("%.4f", std::stod((*p)[1])), format("%.0f", std::stod((*p)[5])),
-                  format("%.0f", std::stod((*p)[7])), format("%.2fx", tps / std::stod((*p)[5]))});
+        r.mode,
+        format("%.4f", r.val_loss),
+        format("%.0f", r.tokens_per_s),
+        format("%.0f", r.peak_rss_mb),
+        format("%.1f", r.bytes_per_param),
+        std::to_string(r.skipped),
+        base ? std::to_string(r.tokens_per_s / base->tokens_per_s).substr(0, 4) + "x" : "-"};
+    if (const ModeResult* p = find(py, r.mode)) {
+      row.insert(row.end(), {format("%.4f", p->val_loss), format("%.0f", p->tokens_per_s),
+                             format("%.0f", p->peak_rss_mb),
+                             format("%.2fx", r.tokens_per_s / p->tokens_per_s)});
     } else if (!py.empty()) {
       row.insert(row.end(), {"-", "-", "-", "-"});
     }
@@ -157,14 +160,12 @@ void report(const fs::path& out) {
 struct Args {
   Config config;
   std::string size = "small";
-  std::string out;
+  torchamp_apps::RunArgs run{"", "runs/gpt-"};
   std::string report_dir;
   bool list_modes = false;
-  int64_t checkpoint_every = 0;
   int64_t sample_chars = 200;
   int64_t log_every = 0;
   int threads = 0;
-  double timeout_s = 300;
 };
 
 // --size, and the model options that override it.
@@ -242,12 +243,7 @@ void add_training_options(CLI::App& app, Config& c) {
   app.add_option("--vocab", c.vocab, "Embedding rows (0: the corpus's distinct characters)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  app.add_option("--init-scale", c.init_scale, "GradScaler initial scale")
-      ->check(CLI::Range(1e-38, 3.4e38))
-      ->capture_default_str();
-  app.add_option("--growth-interval", c.growth_interval, "GradScaler growth interval")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
-      ->capture_default_str();
+  torchamp_apps::add_scaler_options(app, c.init_scale, c.growth_interval);
   app.add_option("--seed", c.seed, "Seed of the initial weights, batches and dropout")
       ->capture_default_str();
   std::vector<std::string> names;
@@ -271,25 +267,14 @@ void add_run_options(CLI::App& app, Args& a) {
                "Activation checkpointing per block (torchamp::checkpoint): less memory, more time");
   c.data = torchamp_apps::default_data("kjv.txt", TORCHAMP_GPT_DEFAULT_DATA);
   app.add_option("--data", c.data, "Text file to train on")->capture_default_str();
-  app.add_option("--out", a.out,
-                 "Run folder (default runs/gpt-<date-time>/). One that holds a run of the same "
-                 "options continues it from its last checkpoint (torchrun --max-restarts); one of "
-                 "other options is an error");
-  app.add_option("--checkpoint-every", a.checkpoint_every, "Checkpoint every N steps (0: none)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
-      ->capture_default_str();
+  torchamp_apps::add_run_options(app, a.run, c.deterministic);
   app.add_option("--threads", a.threads, "ATen's threads (0: its default)")
       ->check(CLI::Range(0, 1024));
-  app.add_flag("--deterministic,!--nondeterministic", c.deterministic,
-               "MKL on one thread so that the same command writes the same numbers (default); "
-               "--nondeterministic: MKL's own threads (benchmarks on more than one thread)");
   app.add_option("--sample", a.sample_chars, "Characters each trained model writes at the end")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   app.add_option("--log-every", a.log_every, "Progress line every N steps (0: ten a mode)")
       ->check(CLI::Range(0, 100000000));
-  app.add_option("--timeout", a.timeout_s, "Seconds a collective may wait for the other ranks")
-      ->check(CLI::Range(1.0, 86400.0));
   app.add_flag("--list-modes", a.list_modes,
                "Print every mode, whether it runs here, and what it is; then exit");
   app.add_option("--report", a.report_dir,
@@ -345,9 +330,10 @@ void check(const Config& c) {
   }
 }
 
-int64_t skips_so_far(const fs::path& metrics, const std::string& mode) {
+// The skips metrics.csv counts for `mode` so far (a mode continued mid-way).
+int64_t skips_so_far(torchamp_apps::RunFolder& folder, const std::string& mode) {
   int64_t n = 0;
-  for (const auto& r : read_csv(metrics)) {
+  for (const auto& r : folder.logs().metrics_rows()) {
     if (r.size() > 5 && r[0] == mode) {
       n = std::stoll(r[5]);
     }
@@ -360,11 +346,7 @@ const char* const kApp = "torchamp-gpt";
 // Rank 0's run folder: the options, the Python twin's inputs, and the two
 // logs, new or cut back to the checkpoint's position.
 void set_up(torchamp_apps::RunFolder& folder, const Config& c, int64_t vocab) {
-  if (folder.continuing()) {
-    folder.resume();
-  } else {
-    folder.start(c.to_options(), kMetricsHeader, kSummaryHeader);
-  }
+  folder.start_or_resume(c.to_options(), kMetricsHeader, kSummary.header());
   // Not an option of the numbers: the Python twin's default thread count.
   std::ofstream(folder.path("runtime.txt")) << "threads=" << at::get_num_threads() << "\n";
   save_initial(folder.path(torchamp_apps::run_files::kInitial).string(), c, vocab);
@@ -409,20 +391,6 @@ struct Progress {
   }
 };
 
-// Rank 0's record of a finished mode: summary.csv's row, its sample, and a
-// position past it (a resumed run never repeats it).
-void finished(torchamp_apps::RunFolder& folder, const Runtime& rt, const ModeResult& r,
-              int64_t mode_index) {
-  folder.logs().summary() << r.mode << "," << cell(r.val_loss) << "," << cell(r.train_loss) << ","
-                          << r.skipped << "," << cell(r.final_scale) << "," << cell(r.tokens_per_s)
-                          << "," << cell(r.step_ms) << "," << cell(r.peak_rss_mb) << ","
-                          << cell(r.bytes_per_param) << "," << r.params << "," << r.weights << ","
-                          << cell(r.start_rss_mb) << "\n";
-  Position next{mode_index + 1, 0, 0, 0, {}};
-  rt.bookmark(next);
-  torchamp_apps::save_position(rt.checkpoint_path, next);
-  std::ofstream(folder.path("sample-" + r.mode + ".txt")) << r.sample << "\n";
-}
 
 // Before a mode that will run far slower than fp32 on this CPU: why.
 void say_if_slow(const Mode& m) {
@@ -458,10 +426,7 @@ void print_banner(const Config& c, const Corpus& corpus, bool pinned,
             << " x " << c.accum << " x " << c.world << " rank(s); " << at::get_num_threads()
             << " thread(s)" << (pinned ? ", MKL pinned to one" : "")
             << "\nCPU: " << torchamp_apps::cpu_half_precision_support() << "\n";
-  if (folder.continuing()) {  // a checkpoint inside a mode or between two
-    std::cout << "resuming at mode " << folder.position().mode_index + 1 << "/" << c.modes.size()
-              << ", step " << folder.position().step << " from " << folder.checkpoint() << "\n";
-  }
+  std::cout << folder.resume_line(c.modes.size());  // a checkpoint inside a mode or between two
 }
 
 // Trains the modes from the folder's position on, every rank; rank 0 writes
@@ -476,27 +441,28 @@ std::vector<std::string> train_modes(const Args& a, const Corpus& corpus, Runtim
       folder.logs().bookmark(p);
     }
   };
-  const int64_t first = folder.position().mode_index;
-  const std::string resume = folder.mid_mode() ? folder.checkpoint() : "";
   std::vector<std::string> samples;
-  for (int64_t i = first; i < static_cast<int64_t>(c.modes.size()); ++i) {
-    const std::string& name = c.modes[static_cast<size_t>(i)];
-    const bool here = i == first && !resume.empty();
-    if (root) {
-      say_if_slow(find_mode(name));
-    }
-    Progress progress{c, root ? &folder.logs() : nullptr, log_every};
-    progress.skipped =
-        here && root ? skips_so_far(folder.path(torchamp_apps::run_files::kMetrics), name) : 0;
-    rt.step = [&](const StepRow& r) { progress(r); };
-    ModeResult r = train_mode(corpus, c, i, rt, here ? resume : "");
-    r.skipped = progress.skipped;
-    log_weights(folder, rt.rank, r);
-    if (root) {
-      finished(folder, rt, r, i);
-      samples.push_back(r.mode + ":\n" + r.sample);
-    }
-  }
+  folder.run_modes<ModeResult>(
+      c.modes.size(), root,
+      [&](int64_t i, const std::string& from) {
+        const std::string& name = c.modes[static_cast<size_t>(i)];
+        if (root) {
+          say_if_slow(find_mode(name));
+        }
+        Progress progress{c, root ? &folder.logs() : nullptr, log_every};
+        progress.skipped = !from.empty() && root ? skips_so_far(folder, name) : 0;
+        rt.step = [&](const StepRow& r) { progress(r); };
+        ModeResult r = train_mode(corpus, c, i, rt, from);
+        r.skipped = progress.skipped;
+        log_weights(folder, rt.rank, r);
+        return r;
+      },
+      [&](const ModeResult& r) {  // summary.csv's row and its sample
+        kSummary.write(folder.logs().summary(), r);
+        std::ofstream(folder.path("sample-" + r.mode + ".txt")) << r.sample << "\n";
+        samples.push_back(r.mode + ":\n" + r.sample);
+      },
+      rt.bookmark);
   return samples;
 }
 
@@ -506,14 +472,8 @@ int train(Args& a) {
   c.world = env.world;
   check(c);
   const Corpus corpus = Corpus::load(c.data, c.model.context, c.vocab);
-  auto folder = torchamp_apps::RunFolder::open(
-      a.out.empty() ? torchamp_apps::timestamped("runs/gpt-") : a.out, c.to_options(), kApp);
-  if (folder.finished(c.modes.size())) {
-    if (env.rank == 0) {
-      std::cout << "torchamp-gpt: the run in " << folder.dir().string()
-                << " has finished; nothing to do. Its results:\n";
-      report(folder.dir());
-    }
+  auto folder = torchamp_apps::RunFolder::open(a.run, env.world, c.to_options(), kApp);
+  if (folder.report_if_finished(c.modes.size(), env.rank, kApp, [&] { report(folder.dir()); })) {
     return 0;
   }
   if (a.threads > 0) {
@@ -521,10 +481,9 @@ int train(Args& a) {
   }
   const bool pinned = c.deterministic && torchamp_apps::pin_mkl_to_one_thread();
   Runtime rt;
-  rt.group = torchamp_apps::form_group(
-      env, std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000)));
+  rt.group = torchamp_apps::form_group(env, a.run.timeout());
   rt.rank = env.rank;
-  rt.checkpoint_every = a.checkpoint_every;
+  rt.checkpoint_every = a.run.checkpoint_every;
   rt.checkpoint_path = folder.checkpoint();
   rt.sample_chars = a.sample_chars;
   if (env.rank == 0) {
@@ -537,7 +496,6 @@ int train(Args& a) {
   }
   folder.logs().metrics().close();
   folder.logs().summary().close();
-  folder.mark_finished();
   if (a.sample_chars > 0) {
     std::cout << "\nWhat each model writes (" << a.sample_chars << " characters after a newline, "
               << "temperature 0.8):\n";

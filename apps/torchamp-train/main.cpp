@@ -7,6 +7,7 @@
 //
 // Exit codes: 0 done, 2 bad option or malformed data, 1 anything else.
 
+#include "cli.h"
 #include "data.h"
 #include "parallel.h"
 #include "report.h"
@@ -95,11 +96,21 @@ std::string percent(double f) {
   return torchamp_apps::format("%.2f%%", 100.0 * f);
 }
 
-const char* const kSummaryHeader =
-    "mode,scaled,final_loss,test_accuracy,skipped,final_scale,underflow,subnormal,seconds,step_ms,"
-    "train_step_ms,bytes_per_param,peak_rss_mb";
+// summary.csv: a row per finished mode.
+const torchamp_apps::Columns<ModeResult> kSummary{{"mode", &ModeResult::mode},
+                                                  {"scaled", &ModeResult::scaled},
+                                                  {"final_loss", &ModeResult::final_loss},
+                                                  {"test_accuracy", &ModeResult::test_accuracy},
+                                                  {"skipped", &ModeResult::skipped},
+                                                  {"final_scale", &ModeResult::final_scale},
+                                                  {"underflow", &ModeResult::underflow},
+                                                  {"subnormal", &ModeResult::subnormal},
+                                                  {"seconds", &ModeResult::seconds},
+                                                  {"step_ms", &ModeResult::step_ms},
+                                                  {"train_step_ms", &ModeResult::train_step_ms},
+                                                  {"bytes_per_param", &ModeResult::bytes_per_param},
+                                                  {"peak_rss_mb", &ModeResult::peak_rss_mb}};
 
-using torchamp_apps::g17;
 using torchamp_apps::Options;
 
 const char* const kApp = "torchamp-train";
@@ -132,41 +143,8 @@ void write_step(RunLogs& logs, const std::string& mode, const StepRow& r) {
   m << "\n";
 }
 
-void write_summary(RunLogs& logs, const ModeResult& m) {
-  logs.summary() << m.mode << "," << (m.scaled ? 1 : 0) << "," << g17(m.final_loss) << ","
-                 << g17(m.test_accuracy) << "," << m.skipped << "," << g17(m.final_scale) << ","
-                 << g17(m.underflow) << "," << g17(m.subnormal) << "," << g17(m.seconds) << ","
-                 << g17(m.step_ms) << "," << g17(m.train_step_ms) << "," << g17(m.bytes_per_param)
-                 << "," << g17(m.peak_rss_mb) << "\n";
-}
-
 std::vector<ModeResult> read_summaries(RunLogs& logs) {
-  std::vector<ModeResult> all;
-  for (const auto& v : logs.summary_rows()) {
-    if (v.size() != 13) {
-      std::string line;
-      for (const auto& cell : v) {
-        line += (line.empty() ? "" : ",") + cell;
-      }
-      throw std::runtime_error("malformed summary.csv line: " + line);
-    }
-    ModeResult m;
-    m.mode = v[0];
-    m.scaled = v[1] == "1";
-    m.final_loss = std::stod(v[2]);
-    m.test_accuracy = std::stod(v[3]);
-    m.skipped = std::stoll(v[4]);
-    m.final_scale = std::stod(v[5]);
-    m.underflow = std::stod(v[6]);
-    m.subnormal = std::stod(v[7]);
-    m.seconds = std::stod(v[8]);
-    m.step_ms = std::stod(v[9]);
-    m.train_step_ms = std::stod(v[10]);
-    m.bytes_per_param = std::stod(v[11]);
-    m.peak_rss_mb = std::stod(v[12]);
-    all.push_back(m);
-  }
-  return all;
+  return kSummary.read_all(logs.summary_rows());
 }
 
 // Each rank's own record of its steps (ranks/rank<r>.csv): whether its own
@@ -308,10 +286,9 @@ struct UsageError : std::invalid_argument {
 // The command line.
 struct Args {
   Config config;
-  std::string out_dir, resume_dir;
-  int64_t checkpoint_every = 0;
+  torchamp_apps::RunArgs run{"", "runs/"};
+  std::string resume_dir;
   std::string parallel_mode = "data";
-  double timeout_s = 300;
   bool lr_given = false, modes_given = false;
   std::set<std::string> given;  // the Config keys (options.txt's) given on the command line
 };
@@ -353,37 +330,16 @@ void add_training_options(CLI::App& app, Config& config, int64_t& seed) {
       ->capture_default_str();
 }
 
-// The options of the run around it: its folder, checkpoints, the scaler's
-// settings, MKL, the data and the processes.
+// The options of the run around it (apps/common/cli.h's, and --resume),
+// the scaler's settings, the data and the processes.
 void add_run_options(CLI::App& app, Args& a) {
   Config& config = a.config;
-  auto* out_opt = app.add_option(
-      "--out", a.out_dir,
-      "Output folder (default runs/<date-time>/). A folder that holds a run of the same options "
-      "continues it from its last checkpoint (torchrun --max-restarts restarts the same command "
-      "line); one of other options is an error");
+  CLI::Option* out = torchamp_apps::add_run_options(app, a.run, config.deterministic);
   app.add_option("--resume", a.resume_dir,
                  "Continue the run in this folder from its last checkpoint (instead of --out; "
                  "options given must match the run's)")
-      ->excludes(out_opt);
-  app.add_option("--checkpoint-every", a.checkpoint_every,
-                 "Write a checkpoint (model, optimizer, scaler) every N steps into the run folder "
-                 "(0: none)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
-      ->capture_default_str();
-  app.add_option("--init-scale", config.init_scale, "GradScaler initial scale")
-      ->check(CLI::PositiveNumber)
-      ->check(CLI::Range(1e-38, 3.4e38))
-      ->capture_default_str();
-  app.add_option("--growth-interval", config.growth_interval,
-                 "GradScaler growth interval (clean steps before the scale doubles)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
-      ->capture_default_str();
-  app.add_flag("--deterministic,!--nondeterministic", config.deterministic,
-               "Run MKL (the BLAS of the pip wheels' LibTorch) on one thread, so that the same "
-               "command writes the same numbers every run (default). --nondeterministic: MKL's "
-               "default threads; float32 matmuls then differ in the last bits from run to run "
-               "on some machines");
+      ->excludes(out);
+  torchamp_apps::add_scaler_options(app, config.init_scale, config.growth_interval);
   app.add_option("--data", config.data, "CSV (optionally .gz): 64 pixel columns 0..16, then label")
       ->capture_default_str();
   app.add_option("--parallel", a.parallel_mode,
@@ -392,10 +348,6 @@ void add_run_options(CLI::App& app, Args& a) {
                  "and optimizer state; the scaler agrees on overflow over the group). "
                  "--batch-size stays the global batch")
       ->check(CLI::IsMember({"data", "sharded"}))
-      ->capture_default_str();
-  app.add_option("--timeout", a.timeout_s,
-                 "Seconds any collective may wait for the other ranks before this one fails")
-      ->check(CLI::Range(1.0, 86400.0))
       ->capture_default_str();
 }
 
@@ -569,24 +521,13 @@ void train_modes(const Config& config, const Dataset& train, const Dataset& test
   };
   hooks.checkpoint_every = checkpoint_every;
   hooks.checkpoint_path = folder.checkpoint();
-  const Position& position = folder.position();
-  const std::string resume_from = folder.mid_mode() ? folder.checkpoint() : "";
-  for (auto i = position.mode_index; i < static_cast<int64_t>(config.modes.size()); ++i) {
-    const ModeResult done = train_mode(i, train, test, config, hooks,
-                                       i == position.mode_index ? resume_from : "", parallel);
-    // Always (it is small): a resumed run never repeats a finished mode.
-    Position next{i + 1, 0, 0, 0, {}};
-    if (root) {
-      write_summary(folder.logs(), done);
-    }
-    hooks.bookmark(next);
-    if (root) {
-      save_position(folder.checkpoint(), next);
-    }
-  }
-  if (root) {
-    folder.mark_finished();
-  }
+  folder.run_modes<ModeResult>(
+      config.modes.size(), root,
+      [&](int64_t i, const std::string& from) {
+        return train_mode(i, train, test, config, hooks, from, parallel);
+      },
+      [&](const ModeResult& done) { kSummary.write(folder.logs().summary(), done); },
+      hooks.bookmark);
 }
 
 // The table and the plots of a run folder's finished modes.
@@ -613,16 +554,9 @@ RunFolder open_folder(const Args& a, Config& config, int world) {
     check_runnable(config, a, world);
     return folder;
   }
-  // Every rank knows the same folder: without --out, rank 0's clock names
-  // it (all ranks start within a second, but need not agree on which).
-  if (a.out_dir.empty() && world > 1) {
-    throw UsageError("on more than one process give --out (or --resume)");
-  }
   config = a.config;
   check_runnable(config, a, world);
-  const fs::path dir =
-      a.out_dir.empty() ? fs::path(torchamp_apps::timestamped("runs/")) : fs::path(a.out_dir);
-  return RunFolder::open(dir, config.to_map(), kApp);
+  return RunFolder::open(a.run, world, config.to_map(), kApp);
 }
 
 // The run after the command line: its folder (new, or one to continue), the
@@ -633,33 +567,23 @@ int train(Args& a, const torchamp_apps::LaunchEnv& env) {
   const bool mkl_pinned = config.deterministic && pin_mkl_to_one_thread();
   const Dataset all = load_digits(config.data);
   const auto [train, test] = split(all, 0.2, config.seed);
-  if (folder.finished(config.modes.size())) {
-    if (env.rank == 0) {
-      std::cout << "torchamp-train: the run in " << folder.dir().string() << " has finished ("
-                << (config.modes.size() == 1
-                        ? std::string("its one mode")
-                        : "all " + std::to_string(config.modes.size()) + " modes")
-                << " done); nothing to do. Its results ("
-                << folder.path(torchamp_apps::run_files::kSummary).string() << "):\n";
-      print_table(std::cout, read_summaries(folder.logs()));
-    }
+  if (folder.report_if_finished(config.modes.size(), env.rank, kApp, [&] {
+        print_table(std::cout, read_summaries(folder.logs()));
+      })) {
     return 0;
   }
   check_shares(config, env.world, train.x.size(0));
   const Parallel parallel =
-      env.world <= 1
-          ? Parallel()
-          : form_parallel(env, config.parallel,
-                          std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000)));
+      env.world <= 1 ? Parallel() : form_parallel(env, config.parallel, a.run.timeout());
   // Rank 0 sets up the folder; the others write their logs into it only
   // after (a collective is the barrier).
   const bool root = parallel.rank() == 0;  // writes the table, logs, plots and checkpoints
   const bool continuing = folder.continuing();
-  if (root && continuing) {
-    folder.resume();
-  } else if (root) {
-    folder.start(config.to_map(), metrics_header(config), kSummaryHeader);
-    save_initial(folder.path(torchamp_apps::run_files::kInitial).string(), config, train, test);
+  if (root) {
+    folder.start_or_resume(config.to_map(), metrics_header(config), kSummary.header());
+    if (!continuing) {
+      save_initial(folder.path(torchamp_apps::run_files::kInitial).string(), config, train, test);
+    }
   }
   parallel.all_gather(0);
   RankLog rank_log = rank_log_of(folder, parallel.rank());
@@ -669,17 +593,14 @@ int train(Args& a, const torchamp_apps::LaunchEnv& env) {
     rank_log.start();
   }
   if (root) {
-    const Position& p = folder.position();
     const std::string resume_line =
-        continuing
-            ? "resuming at mode " + std::to_string(p.mode_index + 1) + "/" +
-                  std::to_string(config.modes.size()) + ", step " + std::to_string(p.step) + "\n"
+        continuing ? folder.resume_line(config.modes.size())
         : folder.holds_run()
             ? "no checkpoint in " + folder.dir().string() + " yet: the run starts again\n"
             : "";
     print_banner(config, folder, parallel, train, test, resume_line, continuing, mkl_pinned);
   }
-  train_modes(config, train, test, folder, rank_log, parallel, a.checkpoint_every);
+  train_modes(config, train, test, folder, rank_log, parallel, a.run.checkpoint_every);
   if (root) {
     report(folder, config);
   }

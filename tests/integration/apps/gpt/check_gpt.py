@@ -150,6 +150,14 @@ def case_errors():
     after = {n: read(os.path.join(out, n)) for n in sorted(os.listdir(out))
              if os.path.isfile(os.path.join(out, n))}
     check(before == after, "another run's --out: left as it was")
+    # On more than one process, no --out: refused before anything is made (each
+    # rank would name its folder from its own clock).
+    runs = os.path.join(WORK, "runs")
+    p = subprocess.run([APP] + TINY, capture_output=True, text=True, cwd=WORK,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="2", RANK="1"))
+    check(p.returncode == 2 and "give --out" in p.stderr,
+          "two processes without --out: exit 2 naming --out (%s)" % p.stderr.strip()[-200:])
+    check(not os.path.exists(runs), "two processes without --out: no folder made")
 
 
 def case_resume():
