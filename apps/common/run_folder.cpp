@@ -76,9 +76,10 @@ bool RunFolder::report_if_finished(std::size_t modes, int rank, const std::strin
   }
   if (rank == 0) {
     std::cout << app << ": the run in " << dir_.string() << " has finished ("
-              << (modes == 1 ? std::string("its one mode") : "all " + std::to_string(modes) + " modes")
-              << " done); nothing to do. Its results ("
-              << path(run_files::kSummary).string() << "):\n";
+              << (modes == 1 ? std::string("its one mode")
+                             : "all " + std::to_string(modes) + " modes")
+              << " done); nothing to do. Its results (" << path(run_files::kSummary).string()
+              << "):\n";
     results();
   }
   return true;

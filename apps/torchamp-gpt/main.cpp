@@ -391,7 +391,6 @@ struct Progress {
   }
 };
 
-
 // Before a mode that will run far slower than fp32 on this CPU: why.
 void say_if_slow(const Mode& m) {
   if (m.device != c10::kCPU) {

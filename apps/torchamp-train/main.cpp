@@ -567,9 +567,8 @@ int train(Args& a, const torchamp_apps::LaunchEnv& env) {
   const bool mkl_pinned = config.deterministic && pin_mkl_to_one_thread();
   const Dataset all = load_digits(config.data);
   const auto [train, test] = split(all, 0.2, config.seed);
-  if (folder.report_if_finished(config.modes.size(), env.rank, kApp, [&] {
-        print_table(std::cout, read_summaries(folder.logs()));
-      })) {
+  if (folder.report_if_finished(config.modes.size(), env.rank, kApp,
+                                [&] { print_table(std::cout, read_summaries(folder.logs())); })) {
     return 0;
   }
   check_shares(config, env.world, train.x.size(0));

@@ -433,7 +433,7 @@ if TORCHRUN:
         rc, text, t, note = torchrun_job(n, ft + ["--parallel", mode], out,
                                          f"{name}-{os.getpid()}", env_extra, fault=fault)
         resumed = [l for l in text.splitlines() if "resuming at mode 1/1, step " in l]
-        step = int(resumed[0].rsplit(" ", 1)[1]) if resumed else 0
+        step = int(re.search(r", step (\d+)", resumed[0]).group(1)) if resumed else 0
         differ = same_bytes(whole[mode], out, n) if rc == 0 else ["(not run)"]
         check(rc == 0 and resumed and 0 < step and not differ and
               os.path.exists(os.path.join(WORK, name + ".once")) == (env_extra is not None),
