@@ -271,6 +271,7 @@ void bm_ceiling(benchmark::State& state, const Case& c) {
 //   bf16-sr, bf16-nearest               AdamW on bfloat16 parameters and
 //                                       state without masters: stochastic
 //                                       rounding, and round to nearest
+//   bf16-sr-f32state                    stochastic rounding, float32 state
 //   fp32+device, bf16-master+device     (10000 x 100 only) the scaler's state
 //                                       in tensors and the optimizer on
 //                                       ATen's fused ops: what a CUDA step
@@ -368,14 +369,17 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
     vs.push_back(plain_variant<torchamp::optim::SGD>("sgd-" + n + "-master", make_params(c, dtype),
                                                      sgd, masters));
   }
-  // Stochastic rounding (no masters, bfloat16 state) and plain bfloat16,
-  // with their bytes per parameter after a step.
+  // Stochastic rounding (no masters; bfloat16 state, and float32 state) and
+  // plain bfloat16, with their bytes per parameter after a step.
   std::map<std::string, double> bytes;
-  for (const bool sr : {true, false}) {
-    const std::string name = sr ? "bf16-sr" : "bf16-nearest";
+  for (const char* name : {"bf16-sr", "bf16-sr-f32state", "bf16-nearest"}) {
+    const std::string n = name;
+    auto fused = torchamp::optim::FusedOptions().stochastic_rounding(n != "bf16-nearest");
+    if (n == "bf16-sr-f32state") {
+      fused.state_dtype(at::kFloat);
+    }
     auto ps = make_params(c, at::kBFloat16);
-    auto opt = std::make_shared<torchamp::optim::AdamW>(
-        ps, adamw, torchamp::optim::FusedOptions().stochastic_rounding(sr));
+    auto opt = std::make_shared<torchamp::optim::AdamW>(ps, adamw, fused);
     opt->step();
     bytes[name] = adamw_bytes_per_param(*opt, ps);
     vs.push_back({name, [opt, ps] { opt->step(); }});
@@ -488,10 +492,12 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
   if (avx512) {
     std::snprintf(isa_gain, sizeof isa_gain, "%.2fx", speed("bf16-sr", "bf16-sr@avx2"));
   }
-  std::snprintf(row, sizeof row, "| %s | %.2f | %.2f | %.2fx | %.2fx | %.2fx | %s | %.1f | %.1f |",
+  std::snprintf(row, sizeof row,
+                "| %s | %.2f | %.2f | %.2fx | %.2fx | %.2fx | %s | %.1f | %.1f | %.2fx | %.1f |",
                 c.name, med["bf16-master"], med["bf16-sr"], speed("bf16-sr", "bf16-master"),
                 speed("bf16-sr", "fp32"), speed("bf16-nearest", "bf16-sr"), isa_gain,
-                bytes["bf16-master"], bytes["bf16-sr"]);
+                bytes["bf16-master"], bytes["bf16-sr"], speed("bf16-sr-f32state", "bf16-master"),
+                bytes["bf16-sr-f32state"]);
   srs.push_back(row);
   if (med.count("fp32+device")) {
     std::snprintf(row, sizeof row, "| %s | %.2f | %.2fx | %.2fx | %.2f | %.2fx |", c.name,
@@ -556,8 +562,9 @@ void interleaved(int rounds_large, int rounds_small) {
       "same rounds; speeds as the other step's time over stochastic rounding's; bytes per "
       "parameter from the tensors after a step\n"
       "| case | bf16 master ms | bf16 stochastic ms | vs master | vs fp32 | round-to-nearest vs "
-      "stochastic | AVX-512 vs AVX2 | bytes/param master | bytes/param stochastic |\n"
-      "|---|---|---|---|---|---|---|---|---|\n",
+      "stochastic | AVX-512 vs AVX2 | bytes/param master | bytes/param stochastic | float32 "
+      "state vs master | bytes/param float32 state |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n",
       srs);
   std::printf("\nMaster weights' vector loops: %s (kernels::vector_isa())\n",
               torchamp::kernels::isa_name(torchamp::kernels::vector_isa()));

@@ -15,9 +15,11 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <ostream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -139,19 +141,52 @@ std::vector<std::vector<std::string>> read_csv(const std::filesystem::path& path
 /// `prefix` followed by the local date and time, "2026-12-04_09-30-00".
 std::string timestamped(const std::string& prefix);
 
-/// A CSV log's columns, each a member of `Row`, named once: the header, a
-/// row's line and a row read back from its cells come from the one table
-/// (doubles as cell(), integers in decimal, bools as 0/1, strings as they
-/// are: no commas).
+/// A record's fields, each a member of `Row`, named once: a CSV log's
+/// header, a row's line and a row read back from its cells, or a run
+/// folder's options file (key=value) and a record read back from it, come
+/// from the one table (doubles as cell(), integers in decimal, bools as 0/1,
+/// lists joined by commas, strings as they are).
 template <class Row>
 class Columns {
  public:
-  using Member = std::variant<std::string Row::*, double Row::*, int64_t Row::*, bool Row::*>;
+  using Member = std::variant<std::string Row::*, double Row::*, int Row::*, int64_t Row::*,
+                              uint64_t Row::*, bool Row::*, std::vector<std::string> Row::*>;
   struct Column {
     const char* name;
     Member member;
+    /// For an options file: the value of a key older runs' files lack
+    /// (null: the key is required).
+    const char* absent = nullptr;
   };
   Columns(std::initializer_list<Column> columns) : columns_(columns) {}
+
+  /// The options file's key=value pairs of `row`.
+  std::map<std::string, std::string> to_options(const Row& row) const {
+    std::map<std::string, std::string> out;
+    for (const auto& c : columns_) {
+      std::visit([&](auto m) { out[c.name] = text(row.*m); }, c.member);
+    }
+    return out;
+  }
+  /// The record of an options file; std::invalid_argument naming a required
+  /// key it lacks or a value that does not parse.
+  Row from_options(const std::map<std::string, std::string>& kv) const {
+    Row row;
+    for (const auto& c : columns_) {
+      const auto it = kv.find(c.name);
+      if (it == kv.end() && c.absent == nullptr) {
+        throw std::invalid_argument(std::string("the options file has no '") + c.name + "'");
+      }
+      const std::string& value = it == kv.end() ? std::string(c.absent) : it->second;
+      try {
+        std::visit([&](auto m) { parse(value, row.*m); }, c.member);
+      } catch (const std::logic_error&) {
+        throw std::invalid_argument(std::string("the options file's ") + c.name + "=" + value +
+                                    " does not parse");
+      }
+    }
+    return row;
+  }
 
   std::string header() const {
     std::string h;
@@ -200,14 +235,37 @@ class Columns {
  private:
   static std::string text(const std::string& v) { return v; }
   static std::string text(double v) { return cell(v); }
-  static std::string text(int64_t v) { return std::to_string(v); }
-  static std::string text(bool v) { return v ? "1" : "0"; }
+  template <class I, class = std::enable_if_t<std::is_integral_v<I>>>
+  static std::string text(I v) {
+    return std::is_same_v<I, bool> ? (v ? "1" : "0") : std::to_string(v);
+  }
+  static std::string text(const std::vector<std::string>& v) {
+    std::string joined;
+    for (const auto& s : v) {
+      joined += (joined.empty() ? "" : ",") + s;
+    }
+    return joined;
+  }
   static void parse(const std::string& s, std::string& v) { v = s; }
   static void parse(const std::string& s, double& v) {
     v = s.empty() ? std::numeric_limits<double>::quiet_NaN() : std::stod(s);
   }
+  static void parse(const std::string& s, int& v) { v = std::stoi(s); }
   static void parse(const std::string& s, int64_t& v) { v = std::stoll(s); }
+  static void parse(const std::string& s, uint64_t& v) { v = std::stoull(s); }
   static void parse(const std::string& s, bool& v) { v = s == "1"; }
+  static void parse(const std::string& s, std::vector<std::string>& v) {
+    v.clear();
+    std::string::size_type start = 0;
+    while (start <= s.size() && !s.empty()) {
+      const auto comma = s.find(',', start);
+      v.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+      if (comma == std::string::npos) {
+        break;
+      }
+      start = comma + 1;
+    }
+  }
   std::vector<Column> columns_;
 };
 

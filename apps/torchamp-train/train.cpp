@@ -243,68 +243,34 @@ const Task& find_task(const std::string& name) {
   return torchamp_apps::find_named(tasks(), name, "task");
 }
 
+// options.txt: a key per Config member (the command line's option names);
+// a key the files of older runs lack reads as its `absent` value.
+const torchamp_apps::Columns<Config>& config_keys() {
+  static const torchamp_apps::Columns<Config> keys{
+      {"task", &Config::task},
+      {"epochs", &Config::epochs},
+      {"batch-size", &Config::batch_size},
+      {"lr", &Config::lr},
+      {"seed", &Config::seed},
+      {"init-scale", &Config::init_scale},
+      {"growth-interval", &Config::growth_interval},
+      {"optimizer", &Config::optimizer},
+      {"fused", &Config::fused},
+      {"checkpoint-layers", &Config::checkpoint_layers, "0"},  // before --checkpoint-layers
+      {"modes", &Config::modes},
+      {"data", &Config::data},
+      {"parallel", &Config::parallel, "none"},  // before multi-process training
+      {"world-size", &Config::world_size, "1"},
+      {"deterministic", &Config::deterministic, "0"}};  // before it: LibTorch's threads
+  return keys;
+}
+
 std::map<std::string, std::string> Config::to_map() const {
-  std::string joined;
-  for (const auto& m : modes) {
-    joined += (joined.empty() ? "" : ",") + m;
-  }
-  return {{"task", task},
-          {"epochs", std::to_string(epochs)},
-          {"batch-size", std::to_string(batch_size)},
-          {"lr", g17(lr)},
-          {"seed", std::to_string(seed)},
-          {"init-scale", g17(init_scale)},
-          {"growth-interval", std::to_string(growth_interval)},
-          {"optimizer", optimizer},
-          {"fused", fused ? "1" : "0"},
-          {"checkpoint-layers", checkpoint_layers ? "1" : "0"},
-          {"modes", joined},
-          {"data", data},
-          {"parallel", parallel},
-          {"world-size", std::to_string(world_size)},
-          {"deterministic", deterministic ? "1" : "0"}};
+  return config_keys().to_options(*this);
 }
 
 Config Config::from_map(const std::map<std::string, std::string>& kv) {
-  auto get = [&](const std::string& key) -> const std::string& {
-    const auto it = kv.find(key);
-    if (it == kv.end()) {
-      throw std::invalid_argument("config has no '" + key + "'");
-    }
-    return it->second;
-  };
-  Config c;
-  c.task = get("task");
-  c.epochs = std::stoi(get("epochs"));
-  c.batch_size = std::stoi(get("batch-size"));
-  c.lr = std::stod(get("lr"));
-  c.seed = std::stoull(get("seed"));
-  c.init_scale = std::stod(get("init-scale"));
-  c.growth_interval = std::stoll(get("growth-interval"));
-  c.optimizer = get("optimizer");
-  c.fused = get("fused") == "1";
-  // Absent from the options of runs before --checkpoint-layers.
-  if (const auto it = kv.find("checkpoint-layers"); it != kv.end()) {
-    c.checkpoint_layers = it->second == "1";
-  }
-  std::stringstream modes(get("modes"));
-  for (std::string m; std::getline(modes, m, ',');) {
-    c.modes.push_back(m);
-  }
-  c.data = get("data");
-  // Absent from the options of runs before multi-process training.
-  if (const auto it = kv.find("parallel"); it != kv.end()) {
-    c.parallel = it->second;
-  }
-  if (const auto it = kv.find("world-size"); it != kv.end()) {
-    c.world_size = std::stoi(it->second);
-  }
-  // Runs before --deterministic ran on LibTorch's default thread count.
-  c.deterministic = false;
-  if (const auto it = kv.find("deterministic"); it != kv.end()) {
-    c.deterministic = it->second == "1";
-  }
-  return c;
+  return config_keys().from_options(kv);
 }
 
 bool cpu_fp16_autocast() {
