@@ -1,8 +1,8 @@
 #pragma once
 
 // Starting the ranks of a distributed test scenario as real processes
-// (TORCHAMP_DIST_WORKER: tests/integration/tools/dist_worker) and reading what each one
-// wrote.
+// (tests/integration/tools/dist_worker, built beside the test programs) and
+// reading what each one wrote.
 
 #include <gtest/gtest.h>
 
@@ -26,6 +26,13 @@ namespace torchamp_test {
 
 namespace fs = std::filesystem;
 
+// The rank program: dist_worker beside this test program. (Not a path
+// compiled in: a compile line naming the build folder would miss ccache in
+// every other clone.)
+inline std::string dist_worker() {
+  return (fs::read_symlink("/proc/self/exe").parent_path() / "dist_worker").string();
+}
+
 inline std::vector<std::string> read_lines(const fs::path& path) {
   std::ifstream in(path);
   std::vector<std::string> lines;
@@ -47,7 +54,7 @@ inline std::vector<std::vector<std::string>> run_ranks(const std::string& scenar
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world; ++rank) {
     std::vector<std::string> args = {
-        TORCHAMP_DIST_WORKER,  scenario, std::to_string(rank),
+        dist_worker(),         scenario, std::to_string(rank),
         std::to_string(world), store,    (dir / std::to_string(rank)).string()};
     std::vector<char*> argv;
     for (auto& a : args) {
