@@ -264,6 +264,7 @@ void count_rounded_update(StochasticRounding& rounding, const StepFlags& flags) 
     rounding.stale = true;
   } else {
     ++rounding.updates;
+    rounding.device_updates = at::Tensor();  // made again from this count when next needed
   }
 }
 
