@@ -204,7 +204,11 @@ std::string cpu_half_precision_support() {
   std::string flags;
   for (std::string line; std::getline(cpuinfo, line);) {
     if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) {  // x86, Arm
-      flags = " " + line.substr(line.find(':') + 1) + " ";
+      // Padded with spaces in place: GCC 12 at -O3 (the CUDA wheel leg) warned
+      // a false -Wrestrict on `" " + line.substr(...) + " "`.
+      flags = line.substr(line.find(':') + 1);
+      flags.insert(flags.begin(), ' ');
+      flags.push_back(' ');
       break;
     }
   }
