@@ -17,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <ostream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -206,13 +207,9 @@ class Columns {
   /// The row of `cells` (a line of the log); std::runtime_error naming the
   /// line when it has another number of cells or a cell does not parse.
   Row read(const std::vector<std::string>& cells) const {
-    std::string line;
-    for (const auto& c : cells) {
-      line += (line.empty() ? "" : ",") + c;
-    }
     if (cells.size() != columns_.size()) {
       throw std::runtime_error("malformed log line (" + std::to_string(columns_.size()) +
-                               " cells expected): " + line);
+                               " cells expected): " + text(cells));
     }
     Row row;
     try {
@@ -220,7 +217,7 @@ class Columns {
         std::visit([&](auto m) { parse(cells[k], row.*m); }, columns_[k].member);
       }
     } catch (const std::logic_error&) {  // std::stod's and std::stoll's
-      throw std::runtime_error("malformed log line: " + line);
+      throw std::runtime_error("malformed log line: " + text(cells));
     }
     return row;
   }
@@ -256,14 +253,9 @@ class Columns {
   static void parse(const std::string& s, bool& v) { v = s == "1"; }
   static void parse(const std::string& s, std::vector<std::string>& v) {
     v.clear();
-    std::string::size_type start = 0;
-    while (start <= s.size() && !s.empty()) {
-      const auto comma = s.find(',', start);
-      v.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-      if (comma == std::string::npos) {
-        break;
-      }
-      start = comma + 1;
+    std::stringstream items(s);
+    for (std::string item; std::getline(items, item, ',');) {
+      v.push_back(item);
     }
   }
   std::vector<Column> columns_;

@@ -888,9 +888,16 @@ int64_t element_bytes(at::ScalarType dtype) {
   return dtype == at::kDouble ? 8 : dtype == at::kFloat ? 4 : 2;
 }
 
+// A state element's bytes: float32 with a master or float_state, else the
+// parameter's dtype.
+template <class Job>
+int64_t state_bytes(const Job& j) {
+  return j.master != nullptr || j.float_state ? 4 : element_bytes(j.dtype);
+}
+
 void prefetch_small(const AdamJob& j) {
   const int64_t e = element_bytes(j.dtype) * j.numel;
-  const int64_t st = (j.master != nullptr || j.float_state ? 4 : element_bytes(j.dtype)) * j.numel;
+  const int64_t st = state_bytes(j) * j.numel;
   prefetch_array(j.param, e);
   prefetch_array(j.grad, e);
   prefetch_array(j.master, j.dtype == at::kHalf ? 4 * j.numel : e);
@@ -904,8 +911,7 @@ void prefetch_small(const SgdJob& j) {
   prefetch_array(j.param, e);
   prefetch_array(j.grad, e);
   prefetch_array(j.master, j.dtype == at::kHalf ? 4 * j.numel : e);
-  prefetch_array(j.momentum_buffer,
-                 (j.master != nullptr || j.float_state ? 4 : element_bytes(j.dtype)) * j.numel);
+  prefetch_array(j.momentum_buffer, state_bytes(j) * j.numel);
 }
 
 // Runs run_job(isa, job, unscale, begin, end, scale) over every job's

@@ -61,7 +61,8 @@ RoundingKeys rounding_keys(uint64_t seed, const at::Tensor& update, int64_t coun
   return halves(mix64(index.add_(base)));
 }
 
-AtenNoise aten_noise(const RoundingKeys& keys, int64_t flat, int64_t numel, c10::Device device) {
+AtenNoise aten_noise(const RoundingKeys& keys, int64_t flat, int64_t numel, c10::Device device,
+                     int states) {
   // Element indices as uint32 (kernels' noise32 takes the index's low bits).
   at::Tensor index;
   if (numel <= std::numeric_limits<int32_t>::max()) {
@@ -79,11 +80,17 @@ AtenNoise aten_noise(const RoundingKeys& keys, int64_t flat, int64_t numel, c10:
                              .mul_(static_cast<int32_t>(kernels::kNoiseMultiplier));
     return at::bitwise_xor(x, shift_right(x, 16, 32));
   };
-  const at::Tensor a = noise32(keys.low);
-  const at::Tensor b = noise32(keys.high);
   // As the kernels' NoiseBits: p = a's low half, s0 = a's high half, s1 =
-  // b's low half.
-  return {at::bitwise_and(a, 0xffff), shift_right(a, 16, 32), b.bitwise_and_(0xffff)};
+  // b's low half (b hashed only where a second state tensor needs it).
+  const at::Tensor a = noise32(keys.low);
+  AtenNoise noise{at::bitwise_and(a, 0xffff), {}, {}};
+  if (states >= 1) {
+    noise.state0 = shift_right(a, 16, 32);
+  }
+  if (states >= 2) {
+    noise.state1 = noise32(keys.high).bitwise_and_(0xffff);
+  }
+  return noise;
 }
 
 void round_stochastically(const at::Tensor& value, const at::Tensor& noise, const at::Tensor& dst) {

@@ -31,11 +31,13 @@ RoundingKeys rounding_keys(uint64_t seed, const at::Tensor& update, int64_t coun
 
 // One parameter's noise under key `flat` of `keys`, on `device`: 16 bits an
 // element for the parameter and for each of its state's tensors, as the CPU
-// kernels' NoiseBits (int32 tensors of `numel` elements).
+// kernels' NoiseBits (int32 tensors of `numel` elements). Only the first
+// `states` (0 to 2) state noises are made: the others stay undefined.
 struct AtenNoise {
   at::Tensor param, state0, state1;
 };
-AtenNoise aten_noise(const RoundingKeys& keys, int64_t flat, int64_t numel, c10::Device device);
+AtenNoise aten_noise(const RoundingKeys& keys, int64_t flat, int64_t numel, c10::Device device,
+                     int states);
 
 // Writes float32 `value` into the bfloat16 tensor `dst` of the same shape,
 // rounded stochastically with `noise` (one element each, in order); NaN

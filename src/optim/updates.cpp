@@ -201,7 +201,8 @@ struct AtenParams {
       // The kernels' noise: the parameter's, then the state's first tensor's
       // and its second's (AMSGrad's max takes the second's too).
       const AtenNoise noise =
-          aten_noise(*keys, static_cast<int64_t>(r.flat), r.param.numel(), r.param.device());
+          aten_noise(*keys, static_cast<int64_t>(r.flat), r.param.numel(), r.param.device(),
+                     static_cast<int>(std::min<size_t>(r.state.size(), 2)));
       round_stochastically(r.param32, noise.param, r.param);
       for (size_t k = 0; k < r.state.size(); ++k) {
         round_stochastically(r.state[k].second, k == 0 ? noise.state0 : noise.state1,

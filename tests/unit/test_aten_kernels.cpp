@@ -240,7 +240,7 @@ TEST(AtenKernels, StochasticRoundingOpsAreTheKernelsArithmetic) {
   }
   const RoundingKeys keys = torchamp::optim::rounding_keys(11, 5, 3);
   const int64_t n = 70000;
-  const auto noise = torchamp::optim::aten_noise(keys, 2, n, at::kCPU);
+  const auto noise = torchamp::optim::aten_noise(keys, 2, n, at::kCPU, 2);
   const auto k0 = static_cast<uint32_t>(keys.low[2].item<int32_t>());
   const auto k1 = static_cast<uint32_t>(keys.high[2].item<int32_t>());
   const auto* np = noise.param.data_ptr<int32_t>();
@@ -260,7 +260,7 @@ TEST(AtenKernels, StochasticRoundingOpsAreTheKernelsArithmetic) {
                        values.add(0xffff), values.add(0x1234)})
                .view(at::kFloat);
   const auto m = values.numel();
-  const auto wide = torchamp::optim::aten_noise(keys, 0, m, at::kCPU);
+  const auto wide = torchamp::optim::aten_noise(keys, 0, m, at::kCPU, 2);
   at::Tensor rounded = torch::empty({m}, at::kBFloat16);
   torchamp::optim::round_stochastically(values, wide.state1, rounded);
   const auto* v = values.data_ptr<float>();
