@@ -174,6 +174,12 @@ class GradScaler {
   /// for a negative or non-finite `max_norm`.
   double clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm);
 
+  /// `clip_grad_norm_` returning the norm as a 0-dim float32 tensor, as
+  /// Python's `clip_grad_norm_` does: on a device scaler the norm stays on
+  /// the gradients' device (no read back, so the call can be captured in a
+  /// CUDA graph); elsewhere a CPU tensor of the same value.
+  at::Tensor clip_grad_norm_tensor_(torch::optim::Optimizer& optimizer, double max_norm);
+
   /// Refused while enabled (`c10::Error`: its gradients would not be
   /// unscaled); disabled: `optimizer.step(closure)`.
   StepResult step(torch::optim::Optimizer& optimizer, LossClosure closure);
@@ -320,6 +326,9 @@ class GradScaler {
   // One optimizer's agreed flag on the scale's device (the flags' sum).
   at::Tensor found_total_(const OptimizerState& state) const;
   void update_on_device_();
+  // Both clip_grad_norm_s: the norm; on a device scaler NaN, and the norm
+  // tensor in *on_device.
+  double clip_(torch::optim::Optimizer& optimizer, double max_norm, at::Tensor* on_device);
   // The stage checks of unscale_ and clip_grad_norm_.
   void check_ready_for_unscale_(const torch::optim::Optimizer& optimizer) const;
   // Records the agreed flag and the non-finite gradients of one check.

@@ -169,6 +169,15 @@ class Fused : public Base, public StepSupportsAmpScaling {
   /// not fit its parameter (dtype, size).
   void load(torch::serialize::InputArchive& archive) override;
   FusedOptions fused_options() const;
+  /// Param group `group`'s learning rate as a 0-dim float32 tensor on its
+  /// parameters' device (made from `options().lr()` at the first call, then
+  /// the same tensor), which every later step reads instead of
+  /// `options().lr()`: write it (`lr_tensor(0).fill_(lr)`) to change the rate
+  /// with no host-to-device copy, as a step captured in a CUDA graph needs
+  /// (Python: a Tensor `lr` with `fused=True`). ATen's fused ops read it on
+  /// the device; torchamp's CPU kernels read its value. `c10::IndexError`
+  /// for a group that does not exist.
+  at::Tensor lr_tensor(size_t group);
   /// `param`'s float32 master (a new tensor, bit-exact); undefined before
   /// its first step or without master weights.
   at::Tensor master_weight(const at::Tensor& param) const;

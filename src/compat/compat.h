@@ -178,12 +178,23 @@ constexpr bool kAtenFusedOptimizers = TORCHAMP_ATEN_FUSED_OPTIMIZERS;
 /// `found_inf` (the same, 0: clean) not 0 nothing changes.
 inline void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                        at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                       at::TensorList steps, double lr, double beta1, double beta2,
-                       double weight_decay, double eps, bool amsgrad, bool decoupled,
+                       at::TensorList steps, double lr, const at::Tensor& lr_tensor, double beta1,
+                       double beta2, double weight_decay, double eps, bool amsgrad, bool decoupled,
                        const c10::optional<at::Tensor>& grad_scale,
                        const c10::optional<at::Tensor>& found_inf) {
 #if TORCHAMP_ATEN_FUSED_OPTIMIZERS
-  if (decoupled) {
+  if (lr_tensor.defined()) {  // the tensor_lr overloads: the rate read on the device
+    const at::Tensor lr_on = lr_tensor.to(params.front().device());
+    if (decoupled) {
+      at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr_on, beta1,
+                        beta2, weight_decay, eps, amsgrad, /*maximize=*/false, grad_scale,
+                        found_inf);
+    } else {
+      at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr_on, beta1,
+                       beta2, weight_decay, eps, amsgrad, /*maximize=*/false, grad_scale,
+                       found_inf);
+    }
+  } else if (decoupled) {
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1,
                       beta2, weight_decay, eps, amsgrad, /*maximize=*/false, grad_scale, found_inf);
   } else {
@@ -192,8 +203,8 @@ inline void fused_adam(at::TensorList params, at::TensorList grads, at::TensorLi
   }
 #else
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)max_exp_avg_sqs, (void)steps,
-      (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps, (void)amsgrad,
-      (void)decoupled, (void)grad_scale, (void)found_inf;
+      (void)lr, (void)lr_tensor, (void)beta1, (void)beta2, (void)weight_decay, (void)eps,
+      (void)amsgrad, (void)decoupled, (void)grad_scale, (void)found_inf;
   TORCH_CHECK(false, "torchamp: ATen's fused optimizers need LibTorch 2.4 or later");
 #endif
 }
@@ -202,15 +213,23 @@ inline void fused_adam(at::TensorList params, at::TensorList grads, at::TensorLi
 /// empty when momentum is 0. `first_step`: every buffer is new and takes the
 /// first direction (as the base class's clone).
 inline void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                      double weight_decay, double momentum, double lr, double dampening,
-                      bool nesterov, bool first_step, const c10::optional<at::Tensor>& grad_scale,
+                      double weight_decay, double momentum, double lr, const at::Tensor& lr_tensor,
+                      double dampening, bool nesterov, bool first_step,
+                      const c10::optional<at::Tensor>& grad_scale,
                       const c10::optional<at::Tensor>& found_inf) {
 #if TORCHAMP_ATEN_FUSED_OPTIMIZERS
-  at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening, nesterov,
-                  /*maximize=*/false, first_step, grad_scale, found_inf);
+  if (lr_tensor.defined()) {
+    at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum,
+                    lr_tensor.to(params.front().device()), dampening, nesterov,
+                    /*maximize=*/false, first_step, grad_scale, found_inf);
+  } else {
+    at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening,
+                    nesterov, /*maximize=*/false, first_step, grad_scale, found_inf);
+  }
 #else
   (void)params, (void)grads, (void)momentum_buffers, (void)weight_decay, (void)momentum, (void)lr,
-      (void)dampening, (void)nesterov, (void)first_step, (void)grad_scale, (void)found_inf;
+      (void)lr_tensor, (void)dampening, (void)nesterov, (void)first_step, (void)grad_scale,
+      (void)found_inf;
   TORCH_CHECK(false, "torchamp: ATen's fused optimizers need LibTorch 2.4 or later");
 #endif
 }

@@ -7,6 +7,7 @@
 #include "optim/updates.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/full.h>
 
 #include <memory>
 #include <utility>
@@ -172,6 +173,13 @@ void Fused<Base>::save(torch::serialize::OutputArchive& archive) const {
   // is const: this is the one const member that writes, and only those.
   auto& self = const_cast<Fused&>(*this);
   sync_host_steps(self, self.fused_.impl());
+  // Likewise the learning rates a group reads from its lr_tensor (one read each).
+  const auto& lrs = fused_.impl().lr_tensors;
+  for (size_t g = 0; g < lrs.size(); ++g) {
+    if (lrs[g].defined()) {
+      static_cast<Options&>(self.param_groups()[g].options()).lr(lrs[g].template item<double>());
+    }
+  }
   Base::save(archive);
   save_masters(*this, fused_.impl().masters, archive);
   save_rounding(fused_.impl().rounding, archive);
@@ -191,6 +199,29 @@ void Fused<Base>::load(torch::serialize::InputArchive& archive) {
   f.cache = StepCache();
   f.device_steps.clear();  // made again from the loaded counts
   f.host_steps_stale = false;
+  for (size_t g = 0; g < f.lr_tensors.size() && g < this->param_groups().size(); ++g) {
+    if (f.lr_tensors[g].defined()) {  // the loaded rate, in the same tensor
+      f.lr_tensors[g].fill_(static_cast<const Options&>(this->param_groups()[g].options()).lr());
+    }
+  }
+}
+
+template <class Base>
+at::Tensor Fused<Base>::lr_tensor(size_t group) {
+  auto& groups = this->param_groups();
+  TORCH_CHECK_INDEX(group < groups.size(), "lr_tensor: param group ", group, " does not exist (",
+                    groups.size(), " groups)");
+  auto& lrs = fused_.impl().lr_tensors;
+  if (lrs.size() < groups.size()) {
+    lrs.resize(groups.size());
+  }
+  if (!lrs[group].defined()) {
+    const auto& params = groups[group].params();
+    const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
+    lrs[group] = at::full({}, static_cast<const Options&>(groups[group].options()).lr(),
+                          at::TensorOptions().dtype(at::kFloat).device(device));
+  }
+  return lrs[group];
 }
 
 template <class Base>

@@ -166,6 +166,7 @@ struct AtenRounded {
 // (masters and copies are written back after the call).
 struct AtenParams {
   std::vector<at::Tensor> params, grads;
+  at::Tensor lr_tensor;  // the group's Fused::lr_tensor, else undefined (the options' lr)
   std::vector<AtenMaster> masters;
   std::vector<AtenRounded> rounded;
   void add(const CachedParam& c, size_t flat, const MasterWeights& masters_in,
@@ -226,6 +227,18 @@ struct SgdBatch : AtenParams {
   double lr, momentum, dampening, weight_decay;
   bool nesterov, first;
 };
+
+// A group's Fused::lr_tensor, undefined where it has none.
+at::Tensor lr_tensor_of(const detail::FusedState::Impl& f, size_t group) {
+  return group < f.lr_tensors.size() ? f.lr_tensors[group] : at::Tensor();
+}
+
+// The learning rate torchamp's CPU kernels take: the group's tensor's value
+// where it has one (a CPU tensor, as its parameters: no sync), else `lr`.
+double host_lr(const detail::FusedState::Impl& f, size_t group, double lr) {
+  const at::Tensor t = lr_tensor_of(f, group);
+  return t.defined() ? t.item<double>() : lr;
+}
 
 // The noise key of a stochastic job (kernels::rounding_key), 0 for others.
 uint64_t noise_key(const StochasticRounding& rounding, const CachedParam& c, size_t flat) {
@@ -358,6 +371,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
       }
       if (b.params.empty()) {
         b.lr = options.lr();
+        b.lr_tensor = lr_tensor_of(f, c.group);
         b.beta1 = beta1;
         b.beta2 = beta2;
         b.weight_decay = options.weight_decay();
@@ -390,12 +404,12 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
     job.max_exp_avg_sq = options.amsgrad() ? const_cast<void*>(c.data[2]) : nullptr;
     job.numel = p.numel();
     job.dtype = p.scalar_type();
-    job.lr = options.lr();
+    job.lr = host_lr(f, c.group, options.lr());
     job.beta1 = beta1;
     job.beta2 = beta2;
     job.eps = options.eps();
     job.weight_decay = options.weight_decay();
-    job.step_size = options.lr() / memo_bc1;
+    job.step_size = job.lr / memo_bc1;
     job.bias_correction2_sqrt = memo_bc2_sqrt;
     job.decoupled = decoupled;
     job.stochastic = c.stochastic;
@@ -413,8 +427,9 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
                 at::_foreach_add_(b.steps, 1);
                 const c10::optional<at::Tensor> found = found_inf_on(device, flags);
                 compat::fused_adam(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs,
-                                   b.steps, b.lr, b.beta1, b.beta2, b.weight_decay, b.eps,
-                                   b.amsgrad, decoupled, grad_scale_on(device, flags), found);
+                                   b.steps, b.lr, b.lr_tensor, b.beta1, b.beta2, b.weight_decay,
+                                   b.eps, b.amsgrad, decoupled, grad_scale_on(device, flags),
+                                   found);
                 if (found) {
                   at::_foreach_sub_(b.steps, std::vector<at::Tensor>(b.steps.size(), *found));
                 }
@@ -475,6 +490,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
       SgdBatch& b = batches[{c.group, p.device().index(), c.state_dtype, first}];
       if (b.params.empty()) {
         b.lr = options.lr();
+        b.lr_tensor = lr_tensor_of(f, c.group);
         b.momentum = options.momentum();
         b.dampening = options.dampening();
         b.weight_decay = options.weight_decay();
@@ -496,7 +512,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
     job.first = first;
     job.numel = p.numel();
     job.dtype = p.scalar_type();
-    job.lr = options.lr();
+    job.lr = host_lr(f, c.group, options.lr());
     job.momentum = options.momentum();
     job.dampening = options.dampening();
     job.weight_decay = options.weight_decay();
@@ -511,8 +527,8 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
               [&](SgdBatch& b) {
                 const c10::Device device = b.params.front().device();
                 compat::fused_sgd(b.params, b.grads, b.buffers, b.weight_decay, b.momentum, b.lr,
-                                  b.dampening, b.nesterov, b.first, grad_scale_on(device, flags),
-                                  found_inf_on(device, flags));
+                                  b.lr_tensor, b.dampening, b.nesterov, b.first,
+                                  grad_scale_on(device, flags), found_inf_on(device, flags));
               });
 }
 

@@ -11,6 +11,7 @@
 #include <torch/optim/sgd.h>
 
 #include <unordered_map>
+#include <vector>
 
 namespace torchamp {
 namespace optim {
@@ -43,7 +44,8 @@ struct detail::FusedState::Impl {
     at::Tensor step;
   };
   std::unordered_map<const c10::TensorImpl*, DeviceStep> device_steps;
-  bool host_steps_stale = false;  // a device flag left the states' counts behind
+  bool host_steps_stale = false;       // a device flag left the states' counts behind
+  std::vector<at::Tensor> lr_tensors;  // Fused::lr_tensor's, by group (undefined: options().lr())
 };
 
 // Brings the states' step counts up to the device counts (one read back

@@ -13,9 +13,11 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/isfinite.h>
+#include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/minimum.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
@@ -23,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -502,9 +505,55 @@ double clip_real_gradients(torch::optim::Optimizer& optimizer, double max_norm, 
   return norm;
 }
 
+// Python's clip_grad_norm_ in tensor ops, for gradients off the CPU with no
+// scaler: the norm of the per-gradient norms, then every gradient times the
+// clamped coefficient (also 1), with no read back.
+at::Tensor clip_real_gradients_on_device(torch::optim::Optimizer& optimizer, double max_norm) {
+  const std::vector<detail::GradRef> refs = detail::checked_grads(optimizer, true);
+  std::vector<at::Tensor> grads, norms;
+  for (const detail::GradRef& ref : refs) {
+    at::Tensor& grad = ref.param.mutable_grad();
+    grads.push_back(grad.is_sparse() ? grad._values() : grad);
+    norms.push_back(at::linalg_vector_norm(grads.back(), 2));
+  }
+  TORCH_CHECK(!grads.empty(), "clip_grad_norm_tensor_: the optimizer has no gradients");
+  const at::Tensor norm = at::linalg_vector_norm(at::stack(norms), 2);
+  const at::Tensor coef = norm.add(1e-6).reciprocal().mul(max_norm).clamp_max(1.0);
+  at::NoGradGuard no_grad;
+  for (at::Tensor& grad : grads) {
+    grad.mul_(coef.to(grad.device()));
+  }
+  return norm;
+}
+
 }  // namespace
 
 double GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm) {
+  at::Tensor on_device;
+  const double norm = clip_(optimizer, max_norm, &on_device);
+  return on_device.defined() ? static_cast<double>(on_device.item<float>()) : norm;  // one read
+}
+
+at::Tensor GradScaler::clip_grad_norm_tensor_(torch::optim::Optimizer& optimizer, double max_norm) {
+  if (!is_enabled()) {
+    TORCH_CHECK_VALUE(std::isfinite(max_norm) && max_norm >= 0,
+                      "GradScaler::clip_grad_norm_tensor_: max_norm must be finite and >= 0, got ",
+                      max_norm);
+    for (const auto& group : optimizer.param_groups()) {
+      for (const at::Tensor& p : group.params()) {
+        if (p.grad().defined() && !p.grad().device().is_cpu()) {
+          return clip_real_gradients_on_device(optimizer, max_norm);
+        }
+      }
+    }
+  }
+  at::Tensor on_device;
+  const double norm = clip_(optimizer, max_norm, &on_device);
+  return on_device.defined() ? on_device : at::scalar_tensor(norm, at::kFloat);
+}
+
+double GradScaler::clip_(torch::optim::Optimizer& optimizer, double max_norm,
+                         at::Tensor* on_device) {
   TORCH_CHECK_VALUE(std::isfinite(max_norm) && max_norm >= 0,
                     "GradScaler::clip_grad_norm_: max_norm must be finite and >= 0, got ",
                     max_norm);
@@ -536,7 +585,8 @@ double GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double ma
     state.clip_coef_on = at::where(keep, at::ones_like(coef), coef);
     state.stage = Stage::kUnscaled;
     per_optimizer_[&optimizer] = std::move(state);
-    return norm.item<float>();  // the return value: one read back
+    *on_device = norm;
+    return std::numeric_limits<double>::quiet_NaN();
   }
   double sum_squares = 0;
   TORCH_CHECK(unscale_grads_(optimizer, state, /*unscale=*/false, &sum_squares),

@@ -128,7 +128,10 @@ void device_equals_host(const Options& options, GradScalerOptions scaler_options
     }
     if (s % 3 == 1) {
       const double a = host.scaler.clip_grad_norm_(host.opt, 0.3);
-      const double b = dev.scaler.clip_grad_norm_(dev.opt, 0.3);
+      // Every other clip through the tensor form: the same norm, as a tensor.
+      const double b =
+          s % 2 ? dev.scaler.clip_grad_norm_(dev.opt, 0.3)
+                : dev.scaler.clip_grad_norm_tensor_(dev.opt, 0.3).template item<double>();
       ASSERT_TRUE(a == b || (std::isnan(a) && std::isnan(b)))
           << "step " << s << ": " << a << " vs " << b;
     } else if (s % 5 == 2) {
@@ -250,14 +253,16 @@ TEST(DeviceState, AnIterationReadsNothingBackToTheHost) {
         GradScalerOptions().init_scale(1 << 20).growth_interval(2).device_state(true));
     const at::Tensor x = torch::randn({16, 8});
     const at::Tensor y = torch::randn({16, 4});
-    auto iteration = [&](int s, bool clip) {
+    auto iteration = [&](int s, bool clip, bool clip_tensor = false) {
       opt->zero_grad();
       at::Tensor loss = torch::mse_loss(model->forward(x), y);
       if (s % 4 == 3) {
         loss = loss * std::numeric_limits<float>::infinity();  // an overflow from the data
       }
       scaler.scale(loss).backward();
-      if (clip) {
+      if (clip_tensor) {
+        scaler.clip_grad_norm_tensor_(*opt, 1.0);
+      } else if (clip) {
         scaler.clip_grad_norm_(*opt, 1.0);
       } else if (s % 2 == 0) {
         scaler.unscale_(*opt);
@@ -277,6 +282,12 @@ TEST(DeviceState, AnIterationReadsNothingBackToTheHost) {
       HostReads reads;
       iteration(13, true);
       EXPECT_EQ(reads.count(), 1) << "clip_grad_norm_ returns the norm: one read";
+    }
+    {
+      HostReads reads;
+      iteration(14, false, true);
+      iteration(15, false, true);  // an overflow
+      EXPECT_EQ(reads.count(), 0) << "clip_grad_norm_tensor_ keeps the norm on the device";
     }
     {
       HostReads reads;
@@ -385,6 +396,53 @@ TEST(DeviceState, NonFiniteGradientsAreFoundWhenAsked) {
   EXPECT_EQ(report[0].index, 1u);
   EXPECT_EQ(report[0].name, "b");
   EXPECT_FALSE(scaler.step(opt).has_value());
+}
+
+}  // namespace
+
+namespace {
+
+// Two AdamW steps with the rate changed between them: through lr_tensor
+// (filled) in one optimizer, through options().lr() in the other; the same
+// bits, on ATen's path and on torchamp's CPU kernels.
+TEST(DeviceState, ALearningRateTensorStepsAsTheOptionsRate) {
+  SKIP_WITHOUT_ATEN_FUSED_OPS();
+  for (bool aten : {true, false}) {
+    SCOPED_TRACE(aten ? "ATen's path" : "CPU kernels");
+    const auto fused = FusedOptions().aten_kernels(aten);
+    Training<torchamp::optim::AdamW> a(torch::optim::AdamWOptions(0.5), fused, GradScalerOptions());
+    Training<torchamp::optim::AdamW> b(torch::optim::AdamWOptions(0.5), fused, GradScalerOptions());
+    at::Tensor lr = b.opt.lr_tensor(0);
+    EXPECT_EQ(lr.scalar_type(), at::kFloat);
+    EXPECT_EQ(lr.item<double>(), 0.5);
+    EXPECT_TRUE(lr.is_same(b.opt.lr_tensor(0)));  // the same tensor every call
+    for (double rate : {0.5, 0.0078125}) {        // powers of two: exact in float32
+      static_cast<torch::optim::AdamWOptions&>(a.opt.param_groups()[0].options()).lr(rate);
+      lr.fill_(rate);
+      for (size_t i = 0; i < a.params.size(); ++i) {
+        a.params[i].mutable_grad() = torch::randn(a.params[i].sizes());
+        b.params[i].mutable_grad() = a.params[i].grad().clone();
+      }
+      a.opt.step();
+      b.opt.step();
+    }
+    for (size_t i = 0; i < a.params.size(); ++i) {
+      EXPECT_TRUE(bits(a.params[i]).equal(bits(b.params[i]))) << "parameter " << i;
+    }
+    // A save writes the tensor's rate; a load writes the loaded one into it.
+    std::stringstream saved;
+    {
+      torch::serialize::OutputArchive archive;
+      b.opt.save(archive);
+      archive.save_to(saved);
+    }
+    lr.fill_(0.25);
+    torch::serialize::InputArchive archive;
+    archive.load_from(saved);
+    b.opt.load(archive);
+    EXPECT_EQ(lr.item<double>(), 0.0078125);
+    EXPECT_THROW(b.opt.lr_tensor(1), c10::IndexError);
+  }
 }
 
 }  // namespace
