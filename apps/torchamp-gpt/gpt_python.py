@@ -41,13 +41,17 @@ import torch.utils.checkpoint
 
 MASK = (1 << 64) - 1
 
-# mode -> (autocast dtype or None, parameter dtype, GradScaler)
+# mode -> (autocast dtype or None, parameter dtype, GradScaler, device). C++'s
+# "+graph" modes (its step captured in a CUDA graph) have the eager mode's
+# twin: Python's eager step is what they are measured against.
 MODES = {
-    "fp32": (None, torch.float32, False),
-    "bf16": (torch.bfloat16, torch.float32, False),
-    "bf16-params": (None, torch.bfloat16, False),
-    "bf16-nearest": (None, torch.bfloat16, False),  # C++'s twin of Python's bf16-params
-    "fp16+scaler": (torch.float16, torch.float32, True),
+    "fp32": (None, torch.float32, False, "cpu"),
+    "bf16": (torch.bfloat16, torch.float32, False, "cpu"),
+    "bf16-params": (None, torch.bfloat16, False, "cpu"),
+    "bf16-nearest": (None, torch.bfloat16, False, "cpu"),  # C++'s twin of Python's bf16-params
+    "fp16+scaler": (torch.float16, torch.float32, True, "cpu"),
+    "cuda-fp16+scaler": (torch.float16, torch.float32, True, "cuda"),
+    "cuda-bf16": (torch.bfloat16, torch.float32, False, "cuda"),
 }
 
 
@@ -197,25 +201,27 @@ def g17(v):
 
 
 def train_mode(name, o, init, train, val, vocab):
-    autocast, param_dtype, scaled = MODES[name]
+    autocast, param_dtype, scaled, device = MODES[name]
+    cuda = device == "cuda"
     reset_peak_rss()  # as the C++ side: before the model is made
     start_rss = rss_mb()
     model = GPT(vocab, o["context"], o["layers"], o["heads"], o["d_model"], o["dropout"],
                 bool(o["checkpoint_layers"]))
     model.load_state_dict(init)
-    model.to(param_dtype)
+    model.to(device=device, dtype=param_dtype)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
                              {"params": rest, "weight_decay": 0.0}],
                             lr=o["lr"], betas=(0.9, 0.95), eps=1e-8, fused=True)
-    scaler = torch.amp.GradScaler("cpu", init_scale=o["init_scale"],
+    scaler = torch.amp.GradScaler(device, init_scale=o["init_scale"],
                                   growth_interval=o["growth_interval"], enabled=scaled)
     B, T, accum, world = o["batch_size"], o["context"], o["accum"], o["world"]
 
     def loss_of(split, starts):
         x, y = batch(split, starts, T)
-        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        x, y = x.to(device), y.to(device)
+        with torch.autocast(device, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
             out = model(x)
         return F.cross_entropy(out.float().view(-1, out.size(-1)), y.view(-1))
 
@@ -228,13 +234,15 @@ def train_mode(name, o, init, train, val, vocab):
         return total / o["eval_batches"]
 
     rows, seconds, skipped, val_loss, loss = [], 0.0, 0, float("nan"), float("nan")
+    one = torch.ones((), device=device)
+    scale = scaler.get_scale() if scaled else 1.0
     model.train()
     for step in range(o["steps"]):
         lr = lr_at(o, step)
         for group in opt.param_groups:
             group["lr"] = lr
         t0 = time.perf_counter()
-        loss = 0.0
+        loss = 0.0 if not cuda else None
         # Every rank's micro-batches of the C++ run, in one process: the same
         # global batch (DDP averages the ranks' gradients, as / world here).
         for m in range(accum):
@@ -247,18 +255,24 @@ def train_mode(name, o, init, train, val, vocab):
                     scaler.scale(part / world).backward()
                 else:
                     scaler.scale(part).backward()
-                loss += part.item() / world
+                if cuda:  # summed on the device, read once a step (as the C++ side)
+                    loss = part.detach() if loss is None else loss + part.detach()
+                else:
+                    loss += part.item() / world
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), o["clip"])
-        before = scaler.get_scale() if scaled else 1.0
+        before = scale
         scaler.step(opt)
         scaler.update()
         opt.zero_grad()
+        if cuda:  # the loss and the scale in one read back
+            loss, scale = torch.stack([loss.float(), scaler.scale(one)]).tolist()
+        else:
+            scale = scaler.get_scale() if scaled else 1.0
         if step == 0:
             first_seconds = time.perf_counter() - t0
         else:
             seconds += time.perf_counter() - t0
-        scale = scaler.get_scale() if scaled else 1.0
         if scaled and scale < before:
             skipped += 1
         val_loss = float("nan")
@@ -300,17 +314,17 @@ def check(run_dir, atol):
         if mode in ("fp32", "fp16+scaler") and not d0 <= atol:
             print("FAIL: %s: step 0's losses differ by more than %g" % (mode, atol))
             ok = False
-        if mode == "fp16+scaler":
+        if mode in ("fp16+scaler", "cuda-fp16+scaler"):
             sa = [(float(r["scale"]), int(r["skipped"])) for r in a]
             sb = [(float(r["scale"]), int(r["skipped"])) for r in b]
             if sa != sb:
                 first = next(i for i, (x, y) in enumerate(zip(sa, sb)) if x != y)
-                print("FAIL: fp16+scaler: scale/skips differ from step %d: C++ %s, Python %s"
-                      % (first, sa[first], sb[first]))
+                print("FAIL: %s: scale/skips differ from step %d: C++ %s, Python %s"
+                      % (mode, first, sa[first], sb[first]))
                 ok = False
             else:
-                print("fp16+scaler: the same scale and skip count at all %d steps (%d skipped)"
-                      % (len(sa), sa[-1][1]))
+                print("%s: the same scale and skip count at all %d steps (%d skipped)"
+                      % (mode, len(sa), sa[-1][1]))
     return ok
 
 
@@ -344,7 +358,8 @@ def main():
     if threads > 0:
         torch.set_num_threads(threads)
     pinned = o["deterministic"] and pin_mkl_to_one_thread()
-    modes = [m for m in o["modes"] if m in MODES]
+    modes = [m for m in o["modes"] if m in MODES
+             and (MODES[m][3] == "cpu" or torch.cuda.is_available())]
     missing = missing_features("fp16+scaler" in modes)
     if missing:
         print("this torch (%s) has no %s: nothing to compare with" % (torch.__version__, missing))

@@ -93,7 +93,9 @@ void print_table(const fs::path& out, std::ostream& os) {
         format("%.1f", r.bytes_per_param),
         std::to_string(r.skipped),
         base ? std::to_string(r.tokens_per_s / base->tokens_per_s).substr(0, 4) + "x" : "-"};
-    if (const ModeResult* p = find(py, r.mode)) {
+    // A captured mode against Python's eager step of the same precision.
+    const std::string twin = find_mode(r.mode).graph ? r.mode.substr(0, r.mode.size() - 6) : r.mode;
+    if (const ModeResult* p = find(py, twin)) {
       row.insert(row.end(), {format("%.4f", p->val_loss), format("%.0f", p->tokens_per_s),
                              format("%.0f", p->peak_rss_mb),
                              format("%.2fx", r.tokens_per_s / p->tokens_per_s)});
@@ -166,6 +168,7 @@ struct Args {
   int64_t sample_chars = 200;
   int64_t log_every = 0;
   int threads = 0;
+  bool cuda_graph = false;
 };
 
 // --size, and the model options that override it.
@@ -275,6 +278,9 @@ void add_run_options(CLI::App& app, Args& a) {
       ->capture_default_str();
   app.add_option("--log-every", a.log_every, "Progress line every N steps (0: ten a mode)")
       ->check(CLI::Range(0, 100000000));
+  app.add_flag("--cuda-graph", a.cuda_graph,
+               "Each CUDA mode also once more with its step captured in a CUDA graph and "
+               "replayed (its mode +graph): the same bits, the time without the launches");
   app.add_flag("--list-modes", a.list_modes,
                "Print every mode, whether it runs here, and what it is; then exit");
   app.add_option("--report", a.report_dir,
@@ -323,6 +329,12 @@ void check(const Config& c) {
     if (!mode_available(find_mode(name))) {
       throw std::invalid_argument("mode " + name + " (" + find_mode(name).summary +
                                   ") does not run with this LibTorch on this machine");
+    }
+    if (find_mode(name).graph &&
+        (c.model.dropout != 0 || c.world != 1 || c.model.checkpoint_layers)) {
+      throw std::invalid_argument("mode " + name +
+                                  " captures its step in a CUDA graph: it needs --dropout 0, one "
+                                  "process and no --checkpoint-layers");
     }
   }
   if (c.min_lr > c.lr) {
@@ -469,6 +481,9 @@ int train(Args& a) {
   Config& c = a.config;
   const auto env = torchamp_apps::LaunchEnv::from_environment();
   c.world = env.world;
+  if (a.cuda_graph) {
+    c.modes = with_graph_modes(c.modes);
+  }
   check(c);
   const Corpus corpus = Corpus::load(c.data, c.model.context, c.vocab);
   auto folder = torchamp_apps::RunFolder::open(a.run, env.world, c.to_options(), kApp);
@@ -513,7 +528,7 @@ int main(int argc, char** argv) {
   return torchamp_apps::app_main<Args>(kApp, argc, argv, parse, [](Args& a) {
     if (a.list_modes) {
       for (const auto& m : known_modes()) {
-        std::printf("%-17s %-12s %s\n", m.name.c_str(),
+        std::printf("%-22s %-12s %s\n", m.name.c_str(),
                     mode_available(m) ? "available" : "unavailable", m.summary.c_str());
       }
       return 0;

@@ -5,6 +5,7 @@
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
 #include "launch.h"
+#include "step_graph.h"
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -13,6 +14,7 @@
 #include <torch/serialize.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -119,8 +121,8 @@ struct Trainer {
 
   at::Tensor logits(const at::Tensor& x) {
     std::optional<torchamp::autocast> guard;
-    if (mode.autocast) {
-      guard.emplace(mode.device, *mode.autocast);
+    if (mode.autocast) {  // no weight cache under a CUDA graph (as Python's recipe)
+      guard.emplace(mode.device, *mode.autocast, true, !mode.graph);
     }
     return ddp.forward([&] { return model->forward(x); }, model->is_training());
   }
@@ -146,6 +148,54 @@ struct Trainer {
   }
 
   double global_sum(double local) { return ddp.sum(local); }
+
+  // CUDA modes without dropout take a step with no host read (device_step),
+  // which --cuda-graph captures: its micro-batches in fixed tensors on the
+  // device, its rate in the optimizer's lr tensors, its loss left there.
+  bool on_device() const { return mode.device == c10::DeviceType::CUDA && c.model.dropout == 0; }
+  at::Tensor xs, ys, step_loss, one;
+  std::vector<at::Tensor> lrs;
+
+  void feed(int64_t step, double lr) {
+    if (!xs.defined()) {
+      const auto ids = at::TensorOptions().dtype(at::kLong).device(mode.device);
+      xs = at::empty({c.accum, c.batch_size, c.model.context}, ids);
+      ys = at::empty_like(xs);
+      one = at::ones({}, at::TensorOptions().device(mode.device));
+      for (size_t g = 0; g < opt.param_groups().size(); ++g) {
+        lrs.push_back(opt.lr_tensor(g));
+      }
+    }
+    for (int64_t m = 0; m < c.accum; ++m) {
+      const int64_t micro = m * c.world + rt.rank;
+      const auto starts = offsets(c.seed, 0, step, micro * c.batch_size, c.batch_size,
+                                  corpus.train.size(0), c.model.context);
+      const auto [x, y] = batch(corpus.train, starts, c.model.context);
+      xs[m].copy_(x);
+      ys[m].copy_(y);
+    }
+    for (auto& rate : lrs) {
+      rate.fill_(lr);
+    }
+  }
+
+  void device_step() {
+    at::Tensor total;
+    for (int64_t m = 0; m < c.accum; ++m) {
+      const auto no_sync = ddp.no_sync(m + 1 < c.accum);
+      const auto out = logits(xs[m]);
+      const auto loss =
+          at::cross_entropy_loss(out.to(at::kFloat).view({-1, out.size(-1)}), ys[m].view({-1})) /
+          static_cast<double>(c.accum * c.world);
+      scaler.scale(loss).backward();
+      total = m == 0 ? loss.detach() : total + loss.detach();
+    }
+    scaler.clip_grad_norm_tensor_(opt, c.clip);  // the norm stays on the device
+    scaler.step(opt);
+    scaler.update();
+    opt.zero_grad();
+    step_loss = total;
+  }
 
   double validate() {
     torch::NoGradGuard no_grad;
@@ -181,11 +231,18 @@ struct Trainer {
   }
 };
 
+// What a step reports: this rank's summed loss, whether the step was taken,
+// and the scale after it.
+struct StepOutcome {
+  double loss;
+  bool stepped;
+  double scale;
+};
+
 // One optimizer step at `lr`: the micro-batches, the unscaled gradients
-// clipped, the scaler's step and update. Returns this rank's summed loss and
-// whether the step was taken.
-std::pair<double, bool> optimizer_step(Trainer& t, const Config& c, int64_t step, double lr,
-                                       const std::vector<at::Tensor>& params) {
+// clipped, the scaler's step and update.
+StepOutcome optimizer_step(Trainer& t, const Config& c, int64_t step, double lr,
+                           const std::vector<at::Tensor>& params) {
   for (auto& group : t.opt.param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   }
@@ -198,7 +255,20 @@ std::pair<double, bool> optimizer_step(Trainer& t, const Config& c, int64_t step
   const bool stepped = t.scaler.step(t.opt).has_value();
   t.scaler.update();
   t.opt.zero_grad();
-  return {loss, stepped};
+  return {loss, stepped, t.mode.scaler ? t.scaler.get_scale() : 1.0};
+}
+
+// The step on the device (Trainer::device_step), eager or replayed, and one
+// read back of its loss and scale. A skipped step is one whose scale fell
+// (PyTorch's rule, which this program's scalers follow, backs off at every
+// overflow).
+StepOutcome device_optimizer_step(Trainer& t, StepGraph& graph, int64_t step, double lr,
+                                  double scale_before) {
+  t.feed(step, lr);
+  graph.run([&] { t.device_step(); });
+  const auto read = at::stack({t.step_loss.to(at::kFloat), t.scaler.scale(t.one)}).cpu();
+  const auto* v = read.data_ptr<float>();
+  return {static_cast<double>(v[0]), !(v[1] < scale_before), static_cast<double>(v[1])};
 }
 
 // Every rank records its logs' sizes (a collective where it has one); rank 0
@@ -233,6 +303,10 @@ const std::vector<Mode>& known_modes() {
        "CUDA float16 autocast, GradScaler"},
       {"cuda-bf16", DeviceType::CUDA, at::kBFloat16, at::kFloat, false, false, false,
        "CUDA bfloat16 autocast"},
+      {"cuda-fp16+scaler+graph", DeviceType::CUDA, at::kHalf, at::kFloat, true, false, false,
+       "cuda-fp16+scaler with its step captured in a CUDA graph (--cuda-graph)", false, true},
+      {"cuda-bf16+graph", DeviceType::CUDA, at::kBFloat16, at::kFloat, false, false, false,
+       "cuda-bf16 with its step captured in a CUDA graph (--cuda-graph)", false, true},
   };
   return modes;
 }
@@ -254,6 +328,26 @@ std::vector<std::string> default_modes() {
     if (m.by_default && mode_available(m)) {
       out.push_back(m.name);
     }
+  }
+  return out;
+}
+
+std::vector<std::string> with_graph_modes(const std::vector<std::string>& modes) {
+  std::vector<std::string> out;
+  bool any = false;
+  for (const auto& name : modes) {
+    const Mode& m = find_mode(name);
+    out.push_back(name);
+    if (m.device == c10::DeviceType::CUDA && !m.graph) {
+      any = true;
+      const std::string twin = name + "+graph";
+      if (std::find(modes.begin(), modes.end(), twin) == modes.end()) {
+        out.push_back(find_mode(twin).name);
+      }
+    }
+  }
+  if (!any) {
+    throw std::invalid_argument("--cuda-graph: --modes names no CUDA mode to capture");
   }
   return out;
 }
@@ -325,25 +419,31 @@ ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index,
     }
   }
   t.distribute();
+  StepGraph graph(mode.graph);  // (a side stream from here while it captures)
+  double scale = mode.scaler ? t.scaler.get_scale() : 1.0;
   ModeResult r;
   r.mode = mode.name;
   double seconds = 0, first_seconds = 0, last_loss = std::numeric_limits<double>::quiet_NaN();
+  int64_t timed = 0, untimed = 0;
   const auto params = t.model->parameters();
   for (int64_t step = start; step < c.steps; ++step) {
     const double lr = lr_at(c, step);
+    // Timed: the steps after this process's first, and in a captured mode
+    // those after the capture (its eager warm-up and the capture are not).
+    const bool warm = step > start && (!mode.graph || graph.captured());
     const auto t0 = std::chrono::steady_clock::now();
-    const auto [loss, stepped] = optimizer_step(t, c, step, lr, params);
+    const StepOutcome out = t.on_device() ? device_optimizer_step(t, graph, step, lr, scale)
+                                          : optimizer_step(t, c, step, lr, params);
+    scale = out.scale;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    (step == start ? first_seconds : seconds) += dt;
-    last_loss = t.global_sum(loss);
-    StepRow row{mode.name,
-                step,
-                last_loss,
-                std::numeric_limits<double>::quiet_NaN(),
-                mode.scaler ? t.scaler.get_scale() : 1.0,
-                stepped ? 0 : 1,
-                lr,
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+    (warm ? seconds : first_seconds) += dt;
+    ++(warm ? timed : untimed);
+    last_loss = t.global_sum(out.loss);
+    StepRow row{
+        mode.name, step,
+        last_loss, std::numeric_limits<double>::quiet_NaN(),
+        out.scale, out.stepped ? 0 : 1,
+        lr,        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
     if ((step + 1) % c.eval_every == 0 || step + 1 == c.steps) {
       row.val_loss = t.validate();
     }
@@ -354,13 +454,12 @@ ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index,
     }
     r.val_loss = row.val_loss;
   }
-  // Time per step and tokens/s over the steps after this process's first
-  // (oneDNN's kernel set-up and the allocator's first touch), as
-  // gpt_python.py measures; the first alone where it ran alone.
-  int64_t timed = c.steps - start - 1;
+  // Time per step and tokens/s over the timed steps (not the first:
+  // oneDNN's kernel set-up and the allocator's first touch, as gpt_python.py
+  // measures); the others where none was timed.
   if (timed < 1) {
-    timed = c.steps - start;
-    seconds += first_seconds;
+    timed = untimed;
+    seconds = first_seconds;
   }
   r.train_loss = last_loss;
   r.final_scale = mode.scaler ? t.scaler.get_scale() : 1.0;

@@ -36,6 +36,7 @@ struct Mode {
   bool stochastic;                          // the optimizer rounds stochastically (no masters)
   std::string summary;
   bool by_default = true;  // run when --modes is not given (where available)
+  bool graph = false;      // the step captured in a CUDA graph and replayed (--cuda-graph)
 };
 
 /// Every mode the program knows; those this LibTorch and machine run; the
@@ -44,6 +45,9 @@ const std::vector<Mode>& known_modes();
 bool mode_available(const Mode& mode);
 const Mode& find_mode(const std::string& name);
 std::vector<std::string> default_modes();
+/// --cuda-graph: each CUDA mode of `modes` followed by its captured twin
+/// ("<mode>+graph"); std::invalid_argument when `modes` has no CUDA mode.
+std::vector<std::string> with_graph_modes(const std::vector<std::string>& modes);
 
 /// Everything that decides a run's numbers (what --out's options.txt holds).
 struct Config {

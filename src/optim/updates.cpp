@@ -364,9 +364,12 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
       AdamBatch& b = batches[{c.group, p.device().index(), c.state_dtype, false}];
       // Its count on the device, made from the state's before this step's.
       b.steps.push_back(device_step(f, c, &st, st.step()));
-      if (flags.found_on_device.defined()) {
-        f.host_steps_stale = true;  // only the device knows whether this step counts
-      } else {
+      // The device's count is the one ATen reads; the state's follows it
+      // here where the host knows the step counts, and at save in any case:
+      // a device flag decides on the device, and a CUDA graph's replays
+      // advance the device's count alone.
+      f.host_steps_stale = true;
+      if (!flags.found_on_device.defined()) {
         st.step(st.step() + 1);
       }
       if (b.params.empty()) {

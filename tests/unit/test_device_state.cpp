@@ -7,6 +7,7 @@
 
 #include "test_util.h"
 
+#include <torchamp/config.h>  // TORCHAMP_WITH_CUDA
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
 
@@ -17,9 +18,14 @@
 
 #include <gtest/gtest.h>
 
+#if TORCHAMP_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 #include <atomic>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -442,6 +448,101 @@ TEST(DeviceState, ALearningRateTensorStepsAsTheOptionsRate) {
     b.opt.load(archive);
     EXPECT_EQ(lr.item<double>(), 0.0078125);
     EXPECT_THROW(b.opt.lr_tensor(1), c10::IndexError);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// On a GPU (skipped without one): bfloat16 and float16 parameters with
+// float32 master weights under a CUDA GradScaler, with overflows from the
+// data and a rate in lr_tensor; beside the same run on the CPU through ATen's
+// path (aten_kernels, a device_state scaler). The same skips and scales step
+// for step; masters within float32 rounding of the CPU's (the two devices'
+// AdamW kernels may round differently); every parameter exactly its master
+// rounded; and, under c10's sync debug mode, no device-to-host sync in an
+// iteration.
+// While it lives a device-to-host sync is an error on CUDA (c10's sync debug
+// mode); nothing where LibTorch has no CUDA.
+struct NoSyncs {
+#if TORCHAMP_WITH_CUDA
+  NoSyncs() {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  }
+  ~NoSyncs() {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+#else
+  NoSyncs() = default;
+#endif
+  NoSyncs(const NoSyncs&) = delete;
+  NoSyncs& operator=(const NoSyncs&) = delete;
+};
+
+TEST(DeviceStateCuda, MasterWeightsTrainOnTheGpuAsOnTheCpu) {
+  SKIP_WITHOUT_ATEN_FUSED_OPS();
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    struct Side {
+      std::vector<at::Tensor> params;
+      std::unique_ptr<torchamp::optim::AdamW> opt;
+      std::unique_ptr<GradScaler> scaler;
+    };
+    auto make = [&](c10::Device device) {
+      Side s;
+      for (const at::Tensor& p : make_params()) {
+        s.params.push_back(p.to(device, dtype));
+      }
+      s.opt = std::make_unique<torchamp::optim::AdamW>(
+          s.params, torch::optim::AdamWOptions(1e-2),
+          FusedOptions().master_weights(true).aten_kernels(true));
+      s.scaler = std::make_unique<GradScaler>(
+          GradScalerOptions().init_scale(1 << 12).growth_interval(3).device_state(true));
+      return s;
+    };
+    Side cpu = make(c10::kCPU), gpu = make(c10::kCUDA);
+    at::Tensor lr = gpu.opt->lr_tensor(0);
+    for (int s = 0; s < 40; ++s) {
+      torch::manual_seed(700 + s);
+      const double rate = 1e-2 * (1.0 - s / 80.0);
+      static_cast<torch::optim::AdamWOptions&>(cpu.opt->param_groups()[0].options()).lr(rate);
+      lr.fill_(rate);
+      for (size_t i = 0; i < cpu.params.size(); ++i) {
+        at::Tensor g = torch::randn(cpu.params[i].sizes()) * 1e-2 * cpu.scaler->get_scale();
+        if (s % 7 == 3 && i == 2) {
+          g[0] = std::numeric_limits<float>::infinity();
+        }
+        cpu.params[i].mutable_grad() = g.to(dtype);
+        gpu.params[i].mutable_grad() = g.to(dtype).to(c10::kCUDA);
+      }
+      {
+        std::optional<NoSyncs> no_syncs;
+        if (s > 0) {  // the first step makes the state; from then on no sync
+          no_syncs.emplace();
+        }
+        gpu.scaler->clip_grad_norm_tensor_(*gpu.opt, 5.0);
+        gpu.scaler->step(*gpu.opt);
+        gpu.scaler->update();
+      }
+      cpu.scaler->clip_grad_norm_tensor_(*cpu.opt, 5.0);
+      const bool stepped = cpu.scaler->step(*cpu.opt).has_value();
+      cpu.scaler->update();
+      ASSERT_EQ(stepped, s % 7 != 3) << "step " << s;
+      ASSERT_EQ(cpu.scaler->get_scale(), gpu.scaler->get_scale()) << "step " << s;
+      for (size_t i = 0; i < cpu.params.size(); ++i) {
+        const at::Tensor master = gpu.opt->master_weight(gpu.params[i]);
+        ASSERT_TRUE(master.defined());
+        EXPECT_TRUE(bits(master.to(dtype).to(at::kFloat)).equal(bits(gpu.params[i].to(at::kFloat))))
+            << "step " << s << ": parameter " << i << " is not its master rounded";
+        EXPECT_TRUE(
+            torch::allclose(master.cpu(), cpu.opt->master_weight(cpu.params[i]), 1e-5, 1e-6))
+            << "step " << s << ": parameter " << i;
+      }
+    }
   }
 }
 
