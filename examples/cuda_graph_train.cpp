@@ -86,6 +86,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // of one captured iteration, over the same batches; true if they agree bit
 // for bit: every iteration's loss and scale, the weights and the scaler.
 bool compare(const char* name, c10::ScalarType dtype, bool scaled, int n) {
+  // A side stream for everything below, the data included (capture needs a
+  // stream that is not the default one; one stream keeps the order).
+  const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
+  const c10::cuda::CUDAStreamGuard on_stream(stream);
   torch::manual_seed(1);
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
   const at::Tensor xs = torch::randn({n, kBatch, kIn}, cuda);
@@ -106,10 +110,6 @@ bool compare(const char* name, c10::ScalarType dtype, bool scaled, int n) {
     r.y.copy_(ys[i]);
     r.lr.fill_(1e-3 * (1.0 - 0.9 * i / n));
   };
-
-  // A side stream for both runs (capture needs one that is not the default).
-  const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
-  const c10::cuda::CUDAStreamGuard on_stream(stream);
 
   Run eager(dtype, scaled);
   at::Tensor eager_loss = torch::empty({n}, cuda), eager_scale = torch::empty({n}, cuda);
@@ -138,18 +138,30 @@ bool compare(const char* name, c10::ScalarType dtype, bool scaled, int n) {
   graph.capture_begin();
   graphed.iteration();
   graph.capture_end();
+  torch::cuda::synchronize();
   t0 = std::chrono::steady_clock::now();
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
   for (int i = kWarmup; i < n; ++i) {
     feed(graphed, i);
     graph.replay();
     record(graphed, graph_loss, graph_scale, i);
   }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
   const double graph_s = seconds_since(t0);
 
   bool same = same_bits(eager_loss, graph_loss) && same_bits(eager_scale, graph_scale);
+  // The weights, and AdamW's moments and step counts (the counts caught up
+  // from the device, where the replays advanced them).
+  eager.opt.fused_step_counts_to_host();
+  graphed.opt.fused_step_counts_to_host();
   const auto a = eager.model->parameters(), b = graphed.model->parameters();
   for (size_t p = 0; p < a.size(); ++p) {
-    same = same && same_bits(a[p], b[p]);
+    const auto& sa = static_cast<const torch::optim::AdamWParamState&>(
+        *eager.opt.state().at(a[p].unsafeGetTensorImpl()));
+    const auto& sb = static_cast<const torch::optim::AdamWParamState&>(
+        *graphed.opt.state().at(b[p].unsafeGetTensorImpl()));
+    same = same && same_bits(a[p], b[p]) && same_bits(sa.exp_avg(), sb.exp_avg()) &&
+           same_bits(sa.exp_avg_sq(), sb.exp_avg_sq()) && sa.step() == sb.step();
   }
   same = same && eager.scaler.get_scale() == graphed.scaler.get_scale() &&
          eager.scaler.get_growth_tracker() == graphed.scaler.get_growth_tracker();

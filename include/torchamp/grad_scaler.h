@@ -280,7 +280,9 @@ class GradScaler {
   // The scale, the trackers and the consecutive-skip count of a scaler whose
   // state lives on a device (a CUDA scaler, or device_state): 0-dim tensors
   // there, updated in place. `schedule_` and `consecutive_skips_` then hold
-  // what was last read back, and `host_()` reads them again when stale.
+  // what was last read back, and `host_()` reads them again whenever asked:
+  // the device's are the state (a CUDA graph's replays advance them with no
+  // host code running).
   struct OnDevice {
     OnDevice() = default;
     // A copied scaler gets its own tensors (not the same ones, updated in place).
@@ -289,7 +291,6 @@ class GradScaler {
           growth(other.growth.clone()),
           backoff(other.backoff.clone()),
           skips(other.skips.clone()),
-          host_stale(other.host_stale),
           tracker_below_interval(other.tracker_below_interval) {}
     OnDevice& operator=(const OnDevice& other) {
       OnDevice copy(other);
@@ -302,7 +303,6 @@ class GradScaler {
     at::Tensor growth;   // int32, as _amp_update_scale_ takes it
     at::Tensor backoff;  // int32
     at::Tensor skips;    // int64
-    bool host_stale = false;
     // The growth tracker is below its interval (always after an update; a
     // setter or a load may break it): _amp_update_scale_'s rule then agrees.
     bool tracker_below_interval = true;

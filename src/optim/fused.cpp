@@ -198,7 +198,6 @@ void Fused<Base>::load(torch::serialize::InputArchive& archive) {
   ++f.masters.store().version;
   f.cache = StepCache();
   f.device_steps.clear();  // made again from the loaded counts
-  f.host_steps_stale = false;
   for (size_t g = 0; g < f.lr_tensors.size() && g < this->param_groups().size(); ++g) {
     if (f.lr_tensors[g].defined()) {  // the loaded rate, in the same tensor
       f.lr_tensors[g].fill_(static_cast<const Options&>(this->param_groups()[g].options()).lr());

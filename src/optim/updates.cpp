@@ -246,13 +246,12 @@ uint64_t noise_key(const StochasticRounding& rounding, const CachedParam& c, siz
 }
 
 // The rounding count brought back to the host, where a device scaler's flags
-// left it on the device: one read.
+// left it on the device: one read. The device's count stays the count: the
+// flags' next steps, or a CUDA graph's replays, go on advancing it there.
 void rounding_to_host(StochasticRounding& rounding) {
   if (rounding.stale) {
     rounding.updates = static_cast<uint64_t>(rounding.device_updates.item<int64_t>());
   }
-  rounding.stale = false;
-  rounding.device_updates = at::Tensor();
 }
 
 // This step's noise keys for ATen's jobs (`params`: the optimizer's count of
@@ -287,6 +286,8 @@ void count_rounded_update(StochasticRounding& rounding, const StepFlags& flags) 
 void settle_rounding(StochasticRounding& rounding, const StepFlags& flags) {
   if (rounding.stale && !flags.found_on_device.defined()) {
     rounding_to_host(rounding);
+    rounding.stale = false;
+    rounding.device_updates = at::Tensor();
   }
 }
 
@@ -365,10 +366,9 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
       // Its count on the device, made from the state's before this step's.
       b.steps.push_back(device_step(f, c, &st, st.step()));
       // The device's count is the one ATen reads; the state's follows it
-      // here where the host knows the step counts, and at save in any case:
-      // a device flag decides on the device, and a CUDA graph's replays
-      // advance the device's count alone.
-      f.host_steps_stale = true;
+      // here where the host knows the step counts, and at save in any case
+      // (sync_host_steps): a device flag decides on the device, and a CUDA
+      // graph's replays advance the device's count alone.
       if (!flags.found_on_device.defined()) {
         st.step(st.step() + 1);
       }
@@ -539,9 +539,6 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
 
 void sync_host_steps(torch::optim::Optimizer& opt, detail::FusedState::Impl& f) {
   rounding_to_host(f.rounding);
-  if (!f.host_steps_stale) {
-    return;
-  }
   auto& state = opt.state();
   for (const auto& group : opt.param_groups()) {
     for (const auto& p : group.params()) {
@@ -561,7 +558,6 @@ void sync_host_steps(torch::optim::Optimizer& opt, detail::FusedState::Impl& f) 
       }
     }
   }
-  f.host_steps_stale = false;
 }
 
 void sgd_update(torch::optim::SGD& opt, detail::FusedState::Impl& f, const AmpStepArgs& args) {

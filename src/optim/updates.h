@@ -44,12 +44,12 @@ struct detail::FusedState::Impl {
     at::Tensor step;
   };
   std::unordered_map<const c10::TensorImpl*, DeviceStep> device_steps;
-  bool host_steps_stale = false;       // a device flag left the states' counts behind
   std::vector<at::Tensor> lr_tensors;  // Fused::lr_tensor's, by group (undefined: options().lr())
 };
 
 // Brings the states' step counts up to the device counts (one read back
-// each) where a device scaler's steps left them behind.
+// each), which are the counts on ATen's path: a device scaler's skips and a
+// CUDA graph's replays leave the states' behind.
 void sync_host_steps(torch::optim::Optimizer& opt, detail::FusedState::Impl& f);
 
 inline StateTensors sgd_tensors(const torch::optim::SGDParamState& s) {

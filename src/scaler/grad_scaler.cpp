@@ -105,11 +105,10 @@ bool GradScaler::on_device_(c10::Device device) {
 }
 
 const ScaleSchedule& GradScaler::host_() const {
-  if (device_ && device_->host_stale) {
+  if (device_) {
     schedule_.restore({device_->scale.item<float>(), device_->growth.item<int64_t>(),
                        device_->backoff.item<int64_t>()});
     consecutive_skips_ = device_->skips.item<int64_t>();
-    device_->host_stale = false;
   }
   return schedule_;
 }
@@ -456,7 +455,6 @@ StepResult GradScaler::step(torch::optim::Optimizer& optimizer) {
       result = optimizer.step();
     }
     device_->skips.add_(found.ne(0));
-    device_->host_stale = true;
     state.stage = Stage::kStepped;
     return result;
   }
@@ -685,7 +683,6 @@ void GradScaler::update_on_device_() {
     d.tracker_below_interval = true;
   }
   d.skips.mul_(found.ne(0));  // a clean update ends a run of skips
-  d.host_stale = true;
 }
 
 double GradScaler::get_scale() const {
