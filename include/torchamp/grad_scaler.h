@@ -326,6 +326,9 @@ class GradScaler {
   // One optimizer's agreed flag on the scale's device (the flags' sum).
   at::Tensor found_total_(const OptimizerState& state) const;
   void update_on_device_();
+  // Refuses (c10::Error, before anything changes) what reads the flag back
+  // at every step while a CUDA graph is being captured on the scale's device.
+  void check_capturable_(const char* call, bool host_optimizer) const;
   // Both clip_grad_norm_s: the norm; on a device scaler NaN, and the norm
   // tensor in *on_device.
   double clip_(torch::optim::Optimizer& optimizer, double max_norm, at::Tensor* on_device);

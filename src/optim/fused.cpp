@@ -4,12 +4,14 @@
 #include <torchamp/optim.h>
 
 #include "autocast/cpu_dtype.h"
+#include "compat/capture.h"
 #include "optim/updates.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/full.h>
 
 #include <memory>
+#include <string>
 #include <utility>
 
 namespace torchamp {
@@ -135,8 +137,38 @@ Fused<Base>::Fused(std::vector<at::Tensor> params, Options defaults, FusedOption
 template <class Base>
 Fused<Base>::~Fused() = default;
 
+namespace {
+
+// While a CUDA graph is being captured only device work is recorded: a CPU
+// parameter's update (torchamp's kernels, or ATen's CPU ops) would run once,
+// at the capture, and never on a replay. Refused before anything changes.
+void refuse_cpu_updates_under_capture(const torch::optim::Optimizer& opt) {
+  c10::optional<c10::Device> gpu;
+  std::string cpu;
+  for (size_t g = 0; g < opt.param_groups().size(); ++g) {
+    const auto& params = opt.param_groups()[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].grad().defined()) {
+        continue;
+      }
+      if (params[i].is_cuda() && !gpu) {
+        gpu = params[i].device();
+      } else if (params[i].is_cpu() && cpu.empty()) {
+        cpu = "param_groups[" + std::to_string(g) + "].params[" + std::to_string(i) + "]";
+      }
+    }
+  }
+  TORCH_CHECK(cpu.empty() || !gpu || !compat::capturing(*gpu), "torchamp::optim: ", cpu,
+              " is a CPU tensor while a CUDA graph is being captured: its update would run on "
+              "the host once, at the capture, and not on a replay. Keep every parameter of a "
+              "captured step on the GPU.");
+}
+
+}  // namespace
+
 template <class Base>
 at::Tensor Fused<Base>::step(torch::optim::Optimizer::LossClosure closure) {
+  refuse_cpu_updates_under_capture(*this);
   warn_on_half_cpu_params(*this, fused_.impl());
   return fused_or_base_step<Fused, Base>(*this, std::move(closure));
 }
@@ -156,6 +188,7 @@ bool Fused<Base>::prepare_amp_step() {
 
 template <class Base>
 void Fused<Base>::amp_step(const AmpStepArgs& args) {
+  refuse_cpu_updates_under_capture(*this);
   warn_on_half_cpu_params(*this, fused_.impl());
   Update<Base>::step(*this, fused_.impl(), args);
 }

@@ -5,6 +5,7 @@
 
 #include <torchamp/grad_scaler.h>
 
+#include "compat/capture.h"
 #include "scaler/grad_cache.h"
 #include "scaler/unscale.h"
 
@@ -271,6 +272,7 @@ bool GradScaler::unscale_on_device_(torch::optim::Optimizer& optimizer, Optimize
     return false;
   }
   on_device_(grads.front().param.grad().device());
+  check_capturable_(unscale ? "unscale_" : "step", false);
   const c10::Device home = device_->scale.device();
   // Python: inv_scale = scale.double().reciprocal().float()
   const at::Tensor inv =
@@ -400,6 +402,7 @@ StepResult GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (amp != nullptr && !amp->prepare_amp_step()) {
     amp = nullptr;
   }
+  check_capturable_("step", amp == nullptr || !amp->takes_device_args());
   if (it == per_optimizer_.end()) {  // ready: unscale here, or only check for amp_step
     OptimizerState state;
     state.deferred = amp != nullptr;
@@ -525,6 +528,22 @@ at::Tensor clip_real_gradients_on_device(torch::optim::Optimizer& optimizer, dou
 }
 
 }  // namespace
+
+void GradScaler::check_capturable_(const char* call, bool host_optimizer) const {
+  if (!device_ || !compat::capturing(device_->scale.device())) {
+    return;
+  }
+  const char* what = max_consecutive_skips_ > 0 ? "max_consecutive_skips > 0"
+                     : found_inf_reducer_       ? "a found-inf reducer (set_found_inf_reducer)"
+                     : host_optimizer ? "an optimizer that does not take the flag as a tensor "
+                                        "(no StepSupportsAmpScaling, prepare_amp_step() false, or "
+                                        "takes_device_args() false)"
+                                      : nullptr;
+  TORCH_CHECK(what == nullptr, "GradScaler::", call,
+              " while a CUDA graph is being captured: ", what,
+              " reads the found-inf flag back to the host at every step, which a captured step "
+              "cannot do (docs/grad_scaler.md#a-step-in-a-cuda-graph)");
+}
 
 double GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm) {
   at::Tensor on_device;

@@ -19,7 +19,10 @@
 #include <gtest/gtest.h>
 
 #if TORCHAMP_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 #include <atomic>
@@ -547,3 +550,55 @@ TEST(DeviceStateCuda, MasterWeightsTrainOnTheGpuAsOnTheCpu) {
 }
 
 }  // namespace
+
+#if TORCHAMP_WITH_CUDA
+namespace {
+
+// While a CUDA graph is being captured, what would read the flag back at
+// every step (here max_consecutive_skips) and a CPU parameter's update are
+// refused with errors that say so, before anything changes; the capture
+// then ends cleanly.
+TEST(DeviceStateCuda, CaptureRefusesWhatItCannotReplay) {
+  SKIP_WITHOUT_ATEN_FUSED_OPS();
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
+  const c10::cuda::CUDAStreamGuard on_stream(stream);
+  auto gpu = torch::ones({8}, torch::kCUDA);
+  auto cpu = torch::ones({8});
+  torchamp::optim::AdamW opt({gpu, cpu}, torch::optim::AdamWOptions(0.1));
+  GradScaler scaler(GradScalerOptions().max_consecutive_skips(3));
+  auto backward = [&] {
+    opt.zero_grad();
+    scaler.scale(gpu.mul(2).sum() + cpu.mul(3).sum().to(torch::kCUDA)).backward();
+  };
+  gpu.set_requires_grad(true);
+  cpu.set_requires_grad(true);
+  backward();  // eager: the scaler's state moves to the GPU, the optimizer makes its state
+  scaler.step(opt);
+  scaler.update();
+  backward();
+  const at::Tensor gpu_before = gpu.detach().clone(), cpu_before = cpu.detach().clone();
+  {
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    torchamp_test::expect_throws<c10::Error>([&] { scaler.step(opt); },
+                                             "max_consecutive_skips > 0 reads the found-inf flag");
+    graph.capture_end();
+  }
+  scaler.set_max_consecutive_skips(0);
+  {
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    torchamp_test::expect_throws<c10::Error>(
+        [&] { opt.step(); }, "param_groups[0].params[1] is a CPU tensor while a CUDA graph");
+    graph.capture_end();
+  }
+  torch::cuda::synchronize();
+  EXPECT_TRUE(gpu.detach().equal(gpu_before));
+  EXPECT_TRUE(cpu.detach().equal(cpu_before));
+}
+
+}  // namespace
+#endif
