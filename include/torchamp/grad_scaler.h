@@ -329,9 +329,11 @@ class GradScaler {
   // Refuses (c10::Error, before anything changes) what reads the flag back
   // at every step while a CUDA graph is being captured on the scale's device.
   void check_capturable_(const char* call, bool host_optimizer) const;
-  // Both clip_grad_norm_s: the norm; on a device scaler NaN, and the norm
-  // tensor in *on_device.
-  double clip_(torch::optim::Optimizer& optimizer, double max_norm, at::Tensor* on_device);
+  // Both clip_grad_norm_s: the norm; on a device scaler (and, disabled, for
+  // `tensor_form` with gradients off the CPU) NaN, and the norm tensor in
+  // *on_device.
+  double clip_(torch::optim::Optimizer& optimizer, double max_norm, at::Tensor* on_device,
+               bool tensor_form);
   // The stage checks of unscale_ and clip_grad_norm_.
   void check_ready_for_unscale_(const torch::optim::Optimizer& optimizer) const;
   // Records the agreed flag and the non-finite gradients of one check.

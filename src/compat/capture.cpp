@@ -1,7 +1,5 @@
 #include "compat/capture.h"
 
-#include <torchamp/config.h>  // TORCHAMP_WITH_CUDA
-
 #if TORCHAMP_WITH_CUDA
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>

@@ -143,6 +143,9 @@ namespace {
 // parameter's update (torchamp's kernels, or ATen's CPU ops) would run once,
 // at the capture, and never on a replay. Refused before anything changes.
 void refuse_cpu_updates_under_capture(const torch::optim::Optimizer& opt) {
+  if (!compat::kCanCapture) {  // no walk over the parameters where nothing captures
+    return;
+  }
   c10::optional<c10::Device> gpu;
   std::string cpu;
   for (size_t g = 0; g < opt.param_groups().size(); ++g) {

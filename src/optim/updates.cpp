@@ -10,6 +10,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/Optional.h>
 
 #include <algorithm>
 #include <cmath>
@@ -233,12 +234,30 @@ at::Tensor lr_tensor_of(const detail::FusedState::Impl& f, size_t group) {
   return group < f.lr_tensors.size() ? f.lr_tensors[group] : at::Tensor();
 }
 
-// The learning rate torchamp's CPU kernels take: the group's tensor's value
-// where it has one (a CPU tensor, as its parameters: no sync), else `lr`.
-double host_lr(const detail::FusedState::Impl& f, size_t group, double lr) {
-  const at::Tensor t = lr_tensor_of(f, group);
-  return t.defined() ? t.item<double>() : lr;
-}
+// The learning rates torchamp's CPU kernels take in one step: a group's
+// tensor's value where it has one (a CPU tensor, as its parameters: no sync),
+// read once a step, not once a parameter; else the options' `lr`.
+class HostRates {
+ public:
+  explicit HostRates(const detail::FusedState::Impl& f) : f_(f) {}
+  double operator()(size_t group, double lr) {
+    const at::Tensor t = lr_tensor_of(f_, group);
+    if (!t.defined()) {
+      return lr;
+    }
+    if (read_.size() <= group) {
+      read_.resize(group + 1);
+    }
+    if (!read_[group]) {
+      read_[group] = t.item<double>();
+    }
+    return *read_[group];
+  }
+
+ private:
+  const detail::FusedState::Impl& f_;
+  std::vector<c10::optional<double>> read_;
+};
 
 // The noise key of a stochastic job (kernels::rounding_key), 0 for others.
 uint64_t noise_key(const StochasticRounding& rounding, const CachedParam& c, size_t flat) {
@@ -327,6 +346,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
   auto& state = opt.state();
   auto& groups = opt.param_groups();
   std::vector<kernels::AdamJob> jobs;
+  HostRates host_lr(f);
   jobs.reserve(plan.ready.size());
   std::map<BatchKey, AdamBatch> batches;
   // Bias corrections depend on the step count: usually one for all.
@@ -407,7 +427,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
     job.max_exp_avg_sq = options.amsgrad() ? const_cast<void*>(c.data[2]) : nullptr;
     job.numel = p.numel();
     job.dtype = p.scalar_type();
-    job.lr = host_lr(f, c.group, options.lr());
+    job.lr = host_lr(c.group, options.lr());
     job.beta1 = beta1;
     job.beta2 = beta2;
     job.eps = options.eps();
@@ -459,6 +479,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
   settle_rounding(rounding, flags);
   at::NoGradGuard no_grad;
   std::vector<kernels::SgdJob> jobs;
+  HostRates host_lr(f);
   jobs.reserve(plan.ready.size());
   std::map<BatchKey, SgdBatch> batches;
   auto& groups = opt.param_groups();
@@ -515,7 +536,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
     job.first = first;
     job.numel = p.numel();
     job.dtype = p.scalar_type();
-    job.lr = host_lr(f, c.group, options.lr());
+    job.lr = host_lr(c.group, options.lr());
     job.momentum = options.momentum();
     job.dampening = options.dampening();
     job.weight_decay = options.weight_decay();

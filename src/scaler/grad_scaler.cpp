@@ -506,6 +506,18 @@ double clip_real_gradients(torch::optim::Optimizer& optimizer, double max_norm, 
   return norm;
 }
 
+// Whether a gradient of the optimizer lives off the CPU.
+bool grads_off_cpu(const torch::optim::Optimizer& optimizer) {
+  for (const auto& group : optimizer.param_groups()) {
+    for (const at::Tensor& p : group.params()) {
+      if (p.grad().defined() && !p.grad().device().is_cpu()) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 // Python's clip_grad_norm_ in tensor ops, for gradients off the CPU with no
 // scaler: the norm of the per-gradient norms, then every gradient times the
 // clamped coefficient (also 1), with no read back.
@@ -547,34 +559,26 @@ void GradScaler::check_capturable_(const char* call, bool host_optimizer) const 
 
 double GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm) {
   at::Tensor on_device;
-  const double norm = clip_(optimizer, max_norm, &on_device);
+  const double norm = clip_(optimizer, max_norm, &on_device, /*tensor_form=*/false);
   return on_device.defined() ? static_cast<double>(on_device.item<float>()) : norm;  // one read
 }
 
 at::Tensor GradScaler::clip_grad_norm_tensor_(torch::optim::Optimizer& optimizer, double max_norm) {
-  if (!is_enabled()) {
-    TORCH_CHECK_VALUE(std::isfinite(max_norm) && max_norm >= 0,
-                      "GradScaler::clip_grad_norm_tensor_: max_norm must be finite and >= 0, got ",
-                      max_norm);
-    for (const auto& group : optimizer.param_groups()) {
-      for (const at::Tensor& p : group.params()) {
-        if (p.grad().defined() && !p.grad().device().is_cpu()) {
-          return clip_real_gradients_on_device(optimizer, max_norm);
-        }
-      }
-    }
-  }
   at::Tensor on_device;
-  const double norm = clip_(optimizer, max_norm, &on_device);
+  const double norm = clip_(optimizer, max_norm, &on_device, /*tensor_form=*/true);
   return on_device.defined() ? on_device : at::scalar_tensor(norm, at::kFloat);
 }
 
-double GradScaler::clip_(torch::optim::Optimizer& optimizer, double max_norm,
-                         at::Tensor* on_device) {
+double GradScaler::clip_(torch::optim::Optimizer& optimizer, double max_norm, at::Tensor* on_device,
+                         bool tensor_form) {
   TORCH_CHECK_VALUE(std::isfinite(max_norm) && max_norm >= 0,
                     "GradScaler::clip_grad_norm_: max_norm must be finite and >= 0, got ",
                     max_norm);
   if (!is_enabled()) {
+    if (tensor_form && grads_off_cpu(optimizer)) {  // no read back
+      *on_device = clip_real_gradients_on_device(optimizer, max_norm);
+      return std::numeric_limits<double>::quiet_NaN();
+    }
     return clip_real_gradients(optimizer, max_norm, false);
   }
   check_ready_for_unscale_(optimizer);
@@ -585,13 +589,7 @@ double GradScaler::clip_(torch::optim::Optimizer& optimizer, double max_norm,
   }
   OptimizerState state;
   state.deferred = true;
-  bool device = device_ || device_state_;
-  for (size_t g = 0; g < optimizer.param_groups().size() && !device; ++g) {
-    for (const at::Tensor& p : optimizer.param_groups()[g].params()) {
-      device = device || (p.grad().defined() && !p.grad().device().is_cpu());
-    }
-  }
-  if (device) {
+  if (device_ || device_state_ || grads_off_cpu(optimizer)) {
     at::Tensor norm;
     TORCH_CHECK(unscale_on_device_(optimizer, state, /*unscale=*/false, &norm),
                 "No inf checks were recorded for this optimizer.");
