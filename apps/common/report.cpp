@@ -2,9 +2,12 @@
 
 #include "support.h"
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <fstream>
+#include <iomanip>
+#include <iostream>
 
 namespace fs = std::filesystem;
 
@@ -38,6 +41,65 @@ void Table::print(std::ostream& os) const {
   }
 }
 
+void Progress::at(const std::string& mode, int64_t step, int64_t total) {
+  now_ = std::chrono::steady_clock::now();
+  if (mode != mode_) {
+    mode_ = mode;
+    start_ = now_;
+    first_ = step;
+  }
+  step_ = step;
+  total_ = total;
+}
+
+double Progress::steps_per_s() const {
+  const double elapsed = std::chrono::duration<double>(now_ - start_).count();
+  return elapsed > 0 ? static_cast<double>(step_ + 1 - first_) / elapsed : 0.0;
+}
+
+double Progress::eta_s() const {
+  const double rate = steps_per_s();
+  return rate > 0 ? static_cast<double>(total_ - step_ - 1) / rate : 0.0;
+}
+
+void Progress::show(const std::string& text, bool due) const {
+  const bool last = step_ + 1 == total_;
+  if (!tty_) {
+    if (due || last) {
+      std::cout << std::left << std::setw(19) << mode_ << text << std::endl;
+    }
+    return;
+  }
+  if (step_ % redraw_ == 0 || due || last) {
+    const int width = 24;
+    const auto filled = static_cast<int>(width * (step_ + 1) / std::max<int64_t>(1, total_));
+    std::cout << "\r\033[K" << std::left << std::setw(19) << mode_ << "["
+              << std::string(filled, '#') << std::string(width - filled, '.') << "] " << text
+              << std::flush;
+  }
+  if (last) {
+    std::cout << "\n";
+  }
+}
+
+void write_mode_blocks(const fs::path& file, const std::vector<std::vector<std::string>>& rows,
+                       size_t mode_column, const std::vector<std::string>& modes,
+                       const std::function<std::string(const std::vector<std::string>&)>& line) {
+  std::ofstream out(file);
+  for (const auto& mode : modes) {
+    out << "# " << mode << "\n";
+    for (const auto& r : rows) {
+      if (r.size() > mode_column && r[mode_column] == mode) {
+        const std::string l = line(r);
+        if (!l.empty()) {
+          out << l << "\n";
+        }
+      }
+    }
+    out << "\n\n";
+  }
+}
+
 Figures::Figures(fs::path dir, const std::string& common) : dir_(std::move(dir)) {
   script_ << "set terminal pngcairo size 1000,560 font 'sans,11'\n" << common;
 }
@@ -53,6 +115,15 @@ Figures& Figures::figure(const std::string& png, const std::string& settings) {
 Figures& Figures::series(const std::string& spec) {
   script_ << (empty_ ? "" : ", ") << spec;
   empty_ = false;
+  return *this;
+}
+
+Figures& Figures::each_mode(const fs::path& data, const std::vector<std::string>& modes,
+                            const std::string& using_, const std::string& style) {
+  for (size_t i = 0; i < modes.size(); ++i) {
+    series("'" + data.string() + "' index " + std::to_string(i) + " using " + using_ +
+           " with lines lw 1.5" + style + " title '" + modes[i] + "' noenhanced");
+  }
   return *this;
 }
 

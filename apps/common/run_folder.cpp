@@ -87,11 +87,21 @@ bool RunFolder::report_if_finished(std::size_t modes, int rank, const std::strin
 
 std::string RunFolder::resume_line(std::size_t modes) const {
   if (!continuing()) {
-    return "";
+    return holds_run() ? "no checkpoint in " + dir_.string() + " yet: the run starts again\n" : "";
   }
   return "resuming at mode " + std::to_string(position_.mode_index + 1) + "/" +
          std::to_string(modes) + ", step " + std::to_string(position_.step) + " from " +
          checkpoint() + "\n";
+}
+
+RankLog RunFolder::open_rank_log(int rank, const std::string& header) const {
+  RankLog log(rank_log(rank), header);
+  if (continuing()) {
+    log.resume(position_, rank);
+  } else {
+    log.start();
+  }
+  return log;
 }
 
 void RunFolder::start(const Options& options, const std::string& metrics_header,

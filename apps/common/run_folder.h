@@ -30,6 +30,8 @@ struct RunArgs {
   }
 };
 
+class RankLog;
+
 /// A run folder as a rank finds it: new, or holding a run to continue (or
 /// one already finished). Every rank opens it; rank 0 alone writes the
 /// options, the logs, the checkpoints and the marker.
@@ -75,7 +77,8 @@ class RunFolder {
   bool report_if_finished(std::size_t modes, int rank, const std::string& app,
                           const std::function<void()>& results) const;
   /// "resuming at mode M/N, step S from <checkpoint>" for a run that
-  /// continues, empty for one that starts.
+  /// continues; for one that starts, that it starts again (a folder of its
+  /// options without a checkpoint) or nothing (a new folder).
   std::string resume_line(std::size_t modes) const;
 
   /// Trains the run's `modes` from position() on, on every rank:
@@ -124,6 +127,9 @@ class RunFolder {
   void mark_finished();
   /// Rank `rank`'s own log's path, ranks/rank<r>.csv.
   std::filesystem::path rank_log(int rank) const;
+  /// Rank `rank`'s own log with `header`, cut back to position() where the
+  /// run continues, else new.
+  RankLog open_rank_log(int rank, const std::string& header) const;
 
  private:
   RunFolder(std::filesystem::path dir, Options saved);

@@ -146,6 +146,18 @@ void RunState::save(const std::string& path, const Position& position,
   save_atomically(a, path);
 }
 
+int64_t RunState::resume(const std::string& path, int64_t mode_index) const {
+  if (path.empty()) {
+    return 0;
+  }
+  const Position saved = read_position(path);
+  if (saved.mode_index != mode_index || saved.step <= 0) {
+    return 0;
+  }
+  load(path);
+  return saved.step;
+}
+
 Position RunState::load(const std::string& path) const {
   torch::serialize::InputArchive a;
   a.load_from(path);

@@ -6,6 +6,8 @@
 // resume cannot drift), the two logs a checkpoint cuts back to (RunLogs),
 // and the CSV cells they are written in.
 
+#include "support.h"
+
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -65,6 +67,23 @@ struct Hooks {
   std::function<void(Position&)> bookmark;
   int64_t checkpoint_every = 0;  // steps; 0: none
   std::string checkpoint_path;   // rank 0 writes it, atomically
+
+  /// After a mode's `done`-th step of `total`, on every rank: `row` to
+  /// `step`; where a checkpoint is due (every checkpoint_every steps, not
+  /// after the last) the bookmark, then `save` with the position; then the
+  /// test hook that may kill the process here.
+  void after_step(const Row& row, int64_t mode_index, int64_t done, int64_t total,
+                  const std::function<void(const Position&)>& save) const {
+    if (step) {
+      step(row);
+    }
+    if (checkpoint_every > 0 && done % checkpoint_every == 0 && done < total) {
+      Position p{mode_index, done, 0, 0, {}};
+      bookmark(p);
+      save(p);
+    }
+    maybe_die_after_step();
+  }
 };
 
 /// The position stored in a checkpoint file.
@@ -95,6 +114,9 @@ class RunState {
             const std::vector<std::string>& shards = {}) const;
   /// Reads everything bound from `path`; returns its position.
   Position load(const std::string& path) const;
+  /// load(path) where `path` (may be empty) holds a position inside mode
+  /// `mode_index`, past its start; returns the step to go on from (else 0).
+  int64_t resume(const std::string& path, int64_t mode_index) const;
 
  private:
   std::vector<std::pair<std::string, int64_t*>> counters_;

@@ -8,6 +8,7 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize.h>
 
 #include <dlfcn.h>
 #ifdef __GLIBC__
@@ -22,6 +23,36 @@
 #include <stdexcept>
 
 namespace torchamp_apps {
+
+void set_lr(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) {
+    auto& options = group.options();
+    if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+      adam->lr(lr);
+    } else if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+      adamw->lr(lr);
+    } else if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+      sgd->lr(lr);
+    }
+  }
+}
+
+c10::Dict<std::string, at::Tensor> parameters_dict(const torch::nn::Module& module) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& p : module.named_parameters()) {
+    dict.insert(p.key(), p.value().detach());
+  }
+  return dict;
+}
+
+void write_pickle(const std::string& path, const c10::IValue& value) {
+  const std::vector<char> bytes = torch::pickle_save(value);
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) {
+    throw std::runtime_error("cannot write " + path);
+  }
+}
 
 namespace {
 

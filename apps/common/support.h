@@ -8,6 +8,10 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/output-archive.h>
 
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+
+#include <chrono>
 #include <functional>
 #include <map>
 #include <optional>
@@ -28,6 +32,23 @@ double rss_mb();
 /// buffers, torchamp's master weights).
 double bytes_per_param(const torch::optim::Optimizer& optimizer,
                        const std::vector<at::Tensor>& params);
+
+/// Sets every parameter group's learning rate (Adam, AdamW and SGD options,
+/// LibTorch's optimizers and torchamp's alike).
+void set_lr(torch::optim::Optimizer& optimizer, double lr);
+
+/// Seconds from `t` to now.
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+/// A module's parameters by name (detached), as a dict torch::pickle_save
+/// writes and Python's torch.load reads.
+c10::Dict<std::string, at::Tensor> parameters_dict(const torch::nn::Module& module);
+
+/// torch::pickle_save(value) into `path` (a Python twin's input); throws
+/// std::runtime_error where it cannot be written.
+void write_pickle(const std::string& path, const c10::IValue& value);
 
 /// Makes the run reproducible run to run where the LibTorch's BLAS is MKL
 /// (the pip wheels, pytorch.org's archive; MKL as Debian's libblas): MKL's
@@ -71,6 +92,18 @@ const T& find_named(const std::vector<T>& all, const std::string& name, const ch
     }
   }
   throw std::invalid_argument(std::string("unknown ") + what + " '" + name + "'");
+}
+
+/// The names of the entries of `all` for which `keep(entry)` holds, in order.
+template <class T, class Keep>
+std::vector<std::string> names_where(const std::vector<T>& all, Keep keep) {
+  std::vector<std::string> names;
+  for (const auto& entry : all) {
+    if (keep(entry)) {
+      names.push_back(entry.name);
+    }
+  }
+  return names;
 }
 
 /// This CPU's native matrix instructions for bfloat16 and float16, for a

@@ -28,6 +28,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <unistd.h>
+
 namespace fs = std::filesystem;
 using namespace torchamp_gpt;
 
@@ -107,48 +109,40 @@ void print_table(const fs::path& out, std::ostream& os) {
   table.print(os);
 }
 
-// loss.png: the training loss per step of every mode, Python's dashed.
-bool plot(const fs::path& out) {
-  const fs::path data = out / "plot-data.txt";
-  std::vector<std::string> titles;
-  {
-    std::ofstream d(data);
-    for (const char* file : {torchamp_apps::run_files::kMetrics, "python-metrics.csv"}) {
-      const bool python = std::string(file) != torchamp_apps::run_files::kMetrics;
-      std::string mode;
-      for (const auto& r : read_csv(out / file)) {
-        if (r.size() < 3) {
-          continue;
-        }
-        if (r[0] != mode) {
-          if (!mode.empty()) {
-            d << "\n\n";
-          }
-          mode = r[0];
-          titles.push_back(mode + (python ? " (Python)" : " (C++)"));
-        }
-        d << r[1] << " " << r[2] << "\n";
-      }
-      if (!mode.empty()) {
-        d << "\n\n";
-      }
+// The modes of CSV rows whose first column names them, in their order.
+std::vector<std::string> modes_of(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::string> modes;
+  for (const auto& r : rows) {
+    if (!r.empty() && std::find(modes.begin(), modes.end(), r[0]) == modes.end()) {
+      modes.push_back(r[0]);
     }
   }
-  const bool python_ran = std::any_of(titles.begin(), titles.end(), [](const std::string& t) {
-    return t.find("(Python)") != std::string::npos;
-  });
-  torchamp_apps::Figures figures(out, "set grid\nset key top right\n");
-  figures.figure("loss.png",
-                 std::string("set title 'torchamp-gpt: training loss per step, per mode") +
-                     (python_ran ? " (C++ solid, Python dashed)" : "") +
-                     "'\nset xlabel 'step'\nset ylabel 'cross-entropy (batch)'\n");
-  for (size_t i = 0; i < titles.size(); ++i) {
-    const bool python = titles[i].find("(Python)") != std::string::npos;
-    figures.series("'" + data.string() + "' index " + std::to_string(i) +
-                   " using 1:2 with lines lw 1.5" + (python ? " dt 2" : "") + " title '" +
-                   titles[i] + "' noenhanced");
+  return modes;
+}
+
+// loss.png: the training loss per step of every mode that ran, Python's
+// (where it ran) dashed.
+bool plot(const fs::path& out) {
+  const fs::path data[] = {out / "plot-data.txt", out / "plot-python.txt"};
+  std::vector<std::string> modes[2];
+  for (int python = 0; python < 2; ++python) {
+    const auto rows =
+        read_csv(out / (python ? "python-metrics.csv" : torchamp_apps::run_files::kMetrics));
+    modes[python] = modes_of(rows);
+    torchamp_apps::write_mode_blocks(data[python], rows, 0, modes[python], [](const auto& r) {
+      return r.size() < 3 ? std::string() : r[1] + " " + r[2];
+    });
+    for (auto& m : modes[python]) {
+      m += python ? " (Python)" : " (C++)";
+    }
   }
-  return figures.draw("plot.gp", {data});
+  torchamp_apps::Figures figures(out, "set grid\nset key top right\n");
+  figures.figure("loss.png", std::string("set title 'torchamp-gpt: training loss per step, per "
+                                         "mode") +
+                                 (modes[1].empty() ? "" : " (C++ solid, Python dashed)") +
+                                 "'\nset xlabel 'step'\nset ylabel 'cross-entropy (batch)'\n");
+  figures.each_mode(data[0], modes[0], "1:2").each_mode(data[1], modes[1], "1:2", " dt 2");
+  return figures.draw("plot.gp", {data[0], data[1]});
 }
 
 void report(const fs::path& out) {
@@ -249,10 +243,7 @@ void add_training_options(CLI::App& app, Config& c) {
   torchamp_apps::add_scaler_options(app, c.init_scale, c.growth_interval);
   app.add_option("--seed", c.seed, "Seed of the initial weights, batches and dropout")
       ->capture_default_str();
-  std::vector<std::string> names;
-  for (const auto& m : known_modes()) {
-    names.push_back(m.name);
-  }
+  const auto names = torchamp_apps::names_where(known_modes(), [](const Mode&) { return true; });
   c.modes = default_modes();
   app.add_option("--modes", c.modes,
                  "Modes to run, comma-separated (default: those available here)")
@@ -364,11 +355,12 @@ void set_up(torchamp_apps::RunFolder& folder, const Config& c, int64_t vocab) {
   save_initial(folder.path(torchamp_apps::run_files::kInitial).string(), c, vocab);
 }
 
-// One mode's steps as they come: metrics.csv's rows (rank 0) and a progress
-// line every `log_every` steps.
-struct Progress {
+// One mode's steps as they come: metrics.csv's rows and the progress, with
+// the tokens/s of the steps since the last line (rank 0).
+struct StepLog {
   const Config& c;
   torchamp_apps::RunLogs* logs;  // null off rank 0
+  torchamp_apps::Progress& progress;
   int64_t log_every;
   int64_t skipped = 0;
   double window_s = 0;
@@ -378,28 +370,26 @@ struct Progress {
     skipped += r.skipped;
     window_s += r.seconds;
     ++window_steps;
-    if (logs != nullptr) {
-      logs->metrics() << r.mode << "," << r.step << "," << cell(r.loss) << "," << cell(r.val_loss)
-                      << "," << cell(r.scale) << "," << skipped << "," << cell(r.lr) << "\n";
-    }
-    if ((r.step + 1) % log_every != 0 && r.step + 1 != c.steps) {
+    if (logs == nullptr) {
       return;
     }
-    char line[256];
-    const double tps =
-        static_cast<double>(window_steps * c.batch_size * c.accum * c.world * c.model.context) /
-        window_s;
-    std::snprintf(line, sizeof line,
-                  "%-12s step %5lld/%lld  loss %.4f%s  %7.0f tokens/s  scale %g  skipped %lld",
-                  r.mode.c_str(), static_cast<long long>(r.step + 1),
-                  static_cast<long long>(c.steps), r.loss,
-                  std::isnan(r.val_loss) ? "" : ("  val " + cell(r.val_loss).substr(0, 6)).c_str(),
-                  tps, r.scale, static_cast<long long>(skipped));
-    if (logs != nullptr) {
-      std::cout << line << std::endl;
+    logs->metrics() << r.mode << "," << r.step << "," << cell(r.loss) << "," << cell(r.val_loss)
+                    << "," << cell(r.scale) << "," << skipped << "," << cell(r.lr) << "\n";
+    const int64_t tokens = c.batch_size * c.accum * c.world * c.model.context;
+    progress.at(r.mode, r.step, c.steps);
+    const bool due = (r.step + 1) % log_every == 0;
+    progress.show(
+        torchamp_apps::format(
+            "step %5lld/%lld  loss %.4f%s  %7.0f tokens/s  scale %g  skipped %lld",
+            static_cast<long long>(r.step + 1), static_cast<long long>(c.steps), r.loss,
+            std::isnan(r.val_loss) ? "" : ("  val " + cell(r.val_loss).substr(0, 6)).c_str(),
+            static_cast<double>(window_steps * tokens) / window_s, r.scale,
+            static_cast<long long>(skipped)),
+        due);
+    if (due || r.step + 1 == c.steps) {
+      window_s = 0;
+      window_steps = 0;
     }
-    window_s = 0;
-    window_steps = 0;
   }
 };
 
@@ -453,6 +443,8 @@ std::vector<std::string> train_modes(const Args& a, const Corpus& corpus, Runtim
     }
   };
   std::vector<std::string> samples;
+  torchamp_apps::Progress progress(isatty(STDOUT_FILENO) != 0,
+                                   std::max<int64_t>(1, log_every / 10));
   folder.run_modes<ModeResult>(
       c.modes.size(), root,
       [&](int64_t i, const std::string& from) {
@@ -460,11 +452,11 @@ std::vector<std::string> train_modes(const Args& a, const Corpus& corpus, Runtim
         if (root) {
           say_if_slow(find_mode(name));
         }
-        Progress progress{c, root ? &folder.logs() : nullptr, log_every};
-        progress.skipped = !from.empty() && root ? skips_so_far(folder, name) : 0;
-        rt.step = [&](const StepRow& r) { progress(r); };
+        StepLog log{c, root ? &folder.logs() : nullptr, progress, log_every};
+        log.skipped = !from.empty() && root ? skips_so_far(folder, name) : 0;
+        rt.step = [&](const StepRow& r) { log(r); };
         ModeResult r = train_mode(corpus, c, i, rt, from);
-        r.skipped = progress.skipped;
+        r.skipped = log.skipped;
         log_weights(folder, rt.rank, r);
         return r;
       },

@@ -127,22 +127,31 @@ struct Trainer {
     return ddp.forward([&] { return model->forward(x); }, model->is_training());
   }
 
+  // The mean cross-entropy of the next characters `y` after `x` (on the device).
+  at::Tensor loss_on(const at::Tensor& x, const at::Tensor& y) {
+    const auto out = logits(x);
+    return at::cross_entropy_loss(out.to(at::kFloat).view({-1, out.size(-1)}), y.view({-1}));
+  }
+
   at::Tensor loss_of(const at::Tensor& split, const std::vector<int64_t>& starts) {
     auto [x, y] = batch(split, starts, c.model.context);
-    const auto out = logits(x.to(mode.device));
-    return at::cross_entropy_loss(out.to(at::kFloat).view({-1, out.size(-1)}),
-                                  y.to(mode.device).view({-1}));
+    return loss_on(x.to(mode.device), y.to(mode.device));
+  }
+
+  // Where micro-batch m of `step` starts in the training split on this rank.
+  std::vector<int64_t> train_starts(int64_t step, int64_t m) const {
+    const int64_t micro = m * c.world + rt.rank;
+    return offsets(c.seed, 0, step, micro * c.batch_size, c.batch_size, corpus.train.size(0),
+                   c.model.context);
   }
 
   // One micro-batch's forward and backward; its loss, unscaled and weighted
   // by its share of the global batch (1 / (accum x world)).
   double micro_step(int64_t step, int64_t m) {
-    const int64_t micro = m * c.world + rt.rank;
-    torch::manual_seed(dropout_seed(c, step, micro));
-    const auto starts = offsets(c.seed, 0, step, micro * c.batch_size, c.batch_size,
-                                corpus.train.size(0), c.model.context);
+    torch::manual_seed(dropout_seed(c, step, m * c.world + rt.rank));
     const auto no_sync = ddp.no_sync(m + 1 < c.accum);  // these gradients stay local
-    const auto loss = loss_of(corpus.train, starts) / static_cast<double>(c.accum * c.world);
+    const auto loss =
+        loss_of(corpus.train, train_starts(step, m)) / static_cast<double>(c.accum * c.world);
     scaler.scale(loss).backward();
     return loss.item<double>();
   }
@@ -167,10 +176,7 @@ struct Trainer {
       }
     }
     for (int64_t m = 0; m < c.accum; ++m) {
-      const int64_t micro = m * c.world + rt.rank;
-      const auto starts = offsets(c.seed, 0, step, micro * c.batch_size, c.batch_size,
-                                  corpus.train.size(0), c.model.context);
-      const auto [x, y] = batch(corpus.train, starts, c.model.context);
+      const auto [x, y] = batch(corpus.train, train_starts(step, m), c.model.context);
       xs[m].copy_(x);
       ys[m].copy_(y);
     }
@@ -183,10 +189,7 @@ struct Trainer {
     at::Tensor total;
     for (int64_t m = 0; m < c.accum; ++m) {
       const auto no_sync = ddp.no_sync(m + 1 < c.accum);
-      const auto out = logits(xs[m]);
-      const auto loss =
-          at::cross_entropy_loss(out.to(at::kFloat).view({-1, out.size(-1)}), ys[m].view({-1})) /
-          static_cast<double>(c.accum * c.world);
+      const auto loss = loss_on(xs[m], ys[m]) / static_cast<double>(c.accum * c.world);
       scaler.scale(loss).backward();
       total = m == 0 ? loss.detach() : total + loss.detach();
     }
@@ -243,9 +246,7 @@ struct StepOutcome {
 // clipped, the scaler's step and update.
 StepOutcome optimizer_step(Trainer& t, const Config& c, int64_t step, double lr,
                            const std::vector<at::Tensor>& params) {
-  for (auto& group : t.opt.param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-  }
+  torchamp_apps::set_lr(t.opt, lr);
   double loss = 0;
   for (int64_t m = 0; m < c.accum; ++m) {
     loss += t.micro_step(step, m);
@@ -269,15 +270,6 @@ StepOutcome device_optimizer_step(Trainer& t, StepGraph& graph, int64_t step, do
   const auto read = at::stack({t.step_loss.to(at::kFloat), t.scaler.scale(t.one)}).cpu();
   const auto* v = read.data_ptr<float>();
   return {static_cast<double>(v[0]), !(v[1] < scale_before), static_cast<double>(v[1])};
-}
-
-// Every rank records its logs' sizes (a collective where it has one); rank 0
-// writes the checkpoint.
-void checkpoint(Trainer& t, const Runtime& rt, Position p) {
-  rt.bookmark(p);
-  if (rt.rank == 0) {
-    t.state().save(rt.checkpoint_path, p);
-  }
 }
 
 }  // namespace
@@ -323,13 +315,8 @@ const Mode& find_mode(const std::string& name) {
 }
 
 std::vector<std::string> default_modes() {
-  std::vector<std::string> out;
-  for (const auto& m : known_modes()) {
-    if (m.by_default && mode_available(m)) {
-      out.push_back(m.name);
-    }
-  }
-  return out;
+  return torchamp_apps::names_where(
+      known_modes(), [](const Mode& m) { return m.by_default && mode_available(m); });
 }
 
 std::vector<std::string> with_graph_modes(const std::vector<std::string>& modes) {
@@ -391,17 +378,7 @@ GPT initial_model(const Config& config, int64_t vocab) {
 }
 
 void save_initial(const std::string& path, const Config& config, int64_t vocab) {
-  auto model = initial_model(config, vocab);
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& p : model->named_parameters()) {
-    dict.insert(p.key(), p.value().detach());
-  }
-  const auto bytes = torch::pickle_save(c10::IValue(dict));
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!out) {
-    throw std::runtime_error("cannot write " + path);
-  }
+  torchamp_apps::write_pickle(path, torchamp_apps::parameters_dict(*initial_model(config, vocab)));
 }
 
 ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index, const Runtime& rt,
@@ -410,14 +387,7 @@ ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index,
   torchamp_apps::reset_peak_rss();
   const double start_rss = torchamp_apps::rss_mb();
   Trainer t(corpus, c, mode, rt);
-  int64_t start = 0;
-  if (!resume.empty()) {
-    const Position p = torchamp_apps::read_position(resume);
-    if (p.mode_index == mode_index && p.step > 0) {
-      t.state().load(resume);
-      start = p.step;
-    }
-  }
+  const int64_t start = t.state().resume(resume, mode_index);
   t.distribute();
   StepGraph graph(mode.graph);  // (a side stream from here while it captures)
   double scale = mode.scaler ? t.scaler.get_scale() : 1.0;
@@ -435,23 +405,22 @@ ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index,
     const StepOutcome out = t.on_device() ? device_optimizer_step(t, graph, step, lr, scale)
                                           : optimizer_step(t, c, step, lr, params);
     scale = out.scale;
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double dt = torchamp_apps::seconds_since(t0);
     (warm ? seconds : first_seconds) += dt;
     ++(warm ? timed : untimed);
     last_loss = t.global_sum(out.loss);
-    StepRow row{
-        mode.name, step,
-        last_loss, std::numeric_limits<double>::quiet_NaN(),
-        out.scale, out.stepped ? 0 : 1,
-        lr,        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+    StepRow row{mode.name, step,
+                last_loss, std::numeric_limits<double>::quiet_NaN(),
+                out.scale, out.stepped ? 0 : 1,
+                lr,        torchamp_apps::seconds_since(t0)};
     if ((step + 1) % c.eval_every == 0 || step + 1 == c.steps) {
       row.val_loss = t.validate();
     }
-    rt.step(row);
-    torchamp_apps::maybe_die_after_step();
-    if (rt.checkpoint_every > 0 && (step + 1) % rt.checkpoint_every == 0 && step + 1 < c.steps) {
-      checkpoint(t, rt, Position{mode_index, step + 1, 0, 0, {}});
-    }
+    rt.after_step(row, mode_index, step + 1, c.steps, [&](const Position& p) {
+      if (rt.rank == 0) {
+        t.state().save(rt.checkpoint_path, p);
+      }
+    });
     r.val_loss = row.val_loss;
   }
   // Time per step and tokens/s over the timed steps (not the first:

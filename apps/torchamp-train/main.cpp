@@ -21,13 +21,11 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <iomanip>
 #include <iostream>
 #include <map>
 #include <set>
@@ -42,55 +40,18 @@ using namespace torchamp_train;
 
 namespace {
 
-// A live bar on a terminal, a plain line per epoch otherwise; the rate and
-// time left count from where this process started the mode (a resumed mode
-// starts mid-way).
-class ProgressPrinter {
- public:
-  ProgressPrinter(bool tty, int epochs) : tty_(tty), epochs_(epochs) {}
-
-  void operator()(const std::string& mode, const StepRow& r, int64_t total) {
-    const auto now = std::chrono::steady_clock::now();
-    if (mode != mode_) {
-      mode_ = mode;
-      start_ = now;
-      first_ = r.step;
-    }
-    const double elapsed = std::chrono::duration<double>(now - start_).count();
-    const double rate = elapsed > 0 ? static_cast<double>(r.step + 1 - first_) / elapsed : 0.0;
-    const double eta = rate > 0 ? static_cast<double>(total - r.step - 1) / rate : 0.0;
-    const bool last = r.step + 1 == total;
-    const int64_t per_epoch = std::max<int64_t>(1, total / epochs_);
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "epoch %3d/%d  step %5lld/%lld  loss %.4f  scale %-8g  skipped %-4lld %6.0f "
-                  "steps/s  ETA %3.0fs",
-                  r.epoch + 1, epochs_, static_cast<long long>(r.step + 1),
-                  static_cast<long long>(total), r.loss, r.scale, static_cast<long long>(r.skipped),
-                  rate, eta);
-    if (tty_) {
-      if (r.step % 5 == 0 || last) {
-        const int width = 24;
-        const auto filled = static_cast<int>(width * (r.step + 1) / total);
-        std::cout << "\r\033[K" << std::left << std::setw(19) << mode << "["
-                  << std::string(filled, '#') << std::string(width - filled, '.') << "] " << line
-                  << std::flush;
-      }
-      if (last) {
-        std::cout << "\n";
-      }
-    } else if (last || (r.step + 1) % per_epoch == 0) {
-      std::cout << std::left << std::setw(19) << mode << line << "\n";
-    }
-  }
-
- private:
-  bool tty_;
-  int epochs_;
-  std::string mode_;
-  int64_t first_ = 0;
-  std::chrono::steady_clock::time_point start_;
-};
+// A step's progress: the bar on a terminal, a line per epoch elsewhere.
+void show_progress(torchamp_apps::Progress& progress, const StepRow& r, int epochs) {
+  progress.at(r.mode, r.step, r.total);
+  const int64_t per_epoch = std::max<int64_t>(1, r.total / epochs);
+  progress.show(torchamp_apps::format("epoch %3d/%d  step %5lld/%lld  loss %.4f  scale %-8g  "
+                                      "skipped %-4lld %6.0f steps/s  ETA %3.0fs",
+                                      r.epoch + 1, epochs, static_cast<long long>(r.step + 1),
+                                      static_cast<long long>(r.total), r.loss, r.scale,
+                                      static_cast<long long>(r.skipped), progress.steps_per_s(),
+                                      progress.eta_s()),
+                (r.step + 1) % per_epoch == 0);
+}
 
 std::string percent(double f) {
   return torchamp_apps::format("%.2f%%", 100.0 * f);
@@ -150,10 +111,6 @@ std::vector<ModeResult> read_summaries(RunLogs& logs) {
 // Each rank's own record of its steps (ranks/rank<r>.csv): whether its own
 // gradients held an inf/NaN and whether the step was skipped (on every rank
 // the same, when the group agrees), so the ranks' decisions can be compared.
-RankLog rank_log_of(const RunFolder& folder, int rank) {
-  return RankLog(folder.rank_log(rank), "mode,step,found_inf_here,skipped,scale,loss");
-}
-
 void write_rank_step(RankLog& log, const std::string& mode, const StepRow& r) {
   log.out() << mode << "," << r.step << "," << (r.found_inf_here ? 1 : 0) << ","
             << (r.skipped_here ? 1 : 0) << "," << r.scale << "," << r.loss << "\n";
@@ -176,35 +133,32 @@ void print_table(std::ostream& os, const std::vector<ModeResult>& results) {
   table.print(os);
 }
 
-// The plots' data from metrics.csv's rows: gnuplot data blocks per mode
-// ('index'), steps (step loss scale underflow skipped-here layers...) and
-// epochs (epoch test-accuracy).
+// The plots' data from metrics.csv's rows, a block a mode: steps (step loss
+// scale underflow skipped-here layers...) and epochs (epoch test-accuracy).
 void write_plot_data(const fs::path& steps_data, const fs::path& epochs_data, size_t layers,
                      const std::vector<std::vector<std::string>>& rows,
-                     const std::vector<ModeResult>& results) {
-  std::ofstream steps(steps_data), epochs(epochs_data);
-  for (const auto& r : results) {
-    steps << "# " << r.mode << "\n";
-    epochs << "# " << r.mode << "\n";
-    std::string skipped_before = "0";
-    for (const auto& v : rows) {
-      if (v.size() < 9 + layers || v[1] != r.mode) {
-        continue;
-      }
-      steps << v[0] << " " << v[2] << " " << v[3] << " " << v[5] << " "
-            << (v[4] != skipped_before ? "1" : "0");
-      for (size_t l = 0; l < layers; ++l) {
-        steps << " " << v[9 + l];
-      }
-      steps << "\n";
-      skipped_before = v[4];
-      if (!v[8].empty()) {
-        epochs << std::stoi(v[7]) + 1 << " " << v[8] << "\n";
-      }
+                     const std::vector<std::string>& modes) {
+  std::string mode, skipped_before;
+  torchamp_apps::write_mode_blocks(steps_data, rows, 1, modes, [&](const auto& v) {
+    if (v.size() < 9 + layers) {
+      return std::string();
     }
-    steps << "\n\n";
-    epochs << "\n\n";
-  }
+    if (v[1] != mode) {
+      mode = v[1];
+      skipped_before = "0";
+    }
+    std::string line =
+        v[0] + " " + v[2] + " " + v[3] + " " + v[5] + " " + (v[4] != skipped_before ? "1" : "0");
+    for (size_t l = 0; l < layers; ++l) {
+      line += " " + v[9 + l];
+    }
+    skipped_before = v[4];
+    return line;
+  });
+  torchamp_apps::write_mode_blocks(epochs_data, rows, 1, modes, [&](const auto& v) {
+    return v.size() < 9 + layers || v[8].empty() ? std::string()
+                                                 : std::to_string(std::stoi(v[7]) + 1) + " " + v[8];
+  });
 }
 
 // loss.png, scale.png, accuracy.png, underflow.png, underflow-layers.png.
@@ -214,21 +168,18 @@ bool plot(const fs::path& out, const Config& config,
   const Task& task = find_task(config.task);
   const std::vector<std::string> layers = activation_names(task);
   const fs::path steps_data = out / "plot-steps.txt", epochs_data = out / "plot-epochs.txt";
-  write_plot_data(steps_data, epochs_data, layers.size(), rows, results);
-  const std::string d = "'" + steps_data.string() + "'", e = "'" + epochs_data.string() + "'";
+  std::vector<std::string> modes;
+  for (const auto& r : results) {
+    modes.push_back(r.mode);
+  }
+  write_plot_data(steps_data, epochs_data, layers.size(), rows, modes);
+  const std::string d = "'" + steps_data.string() + "'";
   torchamp_apps::Figures figures(out, "set grid\nset key top right\nset xlabel 'step'\n");
-  // One line per mode from `data`'s blocks, `column` its y values.
-  auto each_mode = [&](const std::string& data, const std::string& column) {
-    for (size_t i = 0; i < results.size(); ++i) {
-      figures.series(data + " index " + std::to_string(i) + " using 1:" + column +
-                     " with lines lw 1.5 title '" + results[i].mode + "' noenhanced");
-    }
-  };
   figures.figure("loss.png", "set title 'Training loss per step (" + task.name + ": " +
                                  task.summary.substr(0, 40) +
                                  "...)' noenhanced\nset ylabel 'cross-entropy (batch)'\n"
                                  "set logscale y\n");
-  each_mode(d, "2");
+  figures.each_mode(steps_data, modes, "1:2");
   figures.figure("scale.png",
                  "set title 'Loss scale per step (the sawtooth); crosses: skipped steps'\n"
                  "set ylabel 'scale'\nset logscale y 2\nset format y '2^{%L}'\n");
@@ -245,12 +196,12 @@ bool plot(const fs::path& out, const Config& config,
                  "set title 'Test accuracy after each epoch'\nset xlabel 'epoch'\n"
                  "set ylabel 'test accuracy'\nunset logscale y\nset format y '%.0f%%'\n"
                  "set key bottom right\n");
-  each_mode(e, "($2*100)");
+  figures.each_mode(epochs_data, modes, "1:($2*100)");
   figures.figure("underflow.png",
                  "set title 'Activation-gradient entries that are zero in float16 (fp32/bf16: "
                  "would be)'\nset xlabel 'step'\nset key top right\n"
                  "set ylabel 'share of all entries'\n");
-  each_mode(d, "($4*100)");
+  figures.each_mode(steps_data, modes, "1:($4*100)");
   // Per layer, for the float16 modes.
   figures.figure("underflow-layers.png",
                  "set title 'Per activation: entries of its gradient zero in float16 (solid: "
@@ -466,8 +417,7 @@ void check_shares(const Config& config, int world, int64_t train_rows) {
 
 // What the run is, before anything can kill the process.
 void print_banner(const Config& config, const RunFolder& folder, const Parallel& parallel,
-                  const Dataset& train, const Dataset& test, const std::string& resume_line,
-                  bool continuing, bool mkl_pinned) {
+                  const Dataset& train, const Dataset& test, bool continuing, bool mkl_pinned) {
   std::cout << "torchamp-train: task " << config.task << " (" << find_task(config.task).summary
             << "); " << train.x.size(0) << " training and " << test.x.size(0)
             << " test images from " << config.data << "; " << config.epochs << " epochs, batch "
@@ -483,7 +433,8 @@ void print_banner(const Config& config, const RunFolder& folder, const Parallel&
               << ", global batch " << config.batch_size << "; every rank logs its steps in "
               << folder.path("ranks").string() << "/\n";
   }
-  std::cout << resume_line << "LibTorch " << TORCH_VERSION << ": the fp16 modes "
+  std::cout << folder.resume_line(config.modes.size()) << "LibTorch " << TORCH_VERSION
+            << ": the fp16 modes "
             << (cpu_fp16_autocast() ? "run under CPU float16 autocast (matmuls in float16)"
                                     : "store activations in float16 between layers (no CPU "
                                       "float16 autocast before LibTorch 2.2)")
@@ -504,13 +455,13 @@ void print_banner(const Config& config, const RunFolder& folder, const Parallel&
 void train_modes(const Config& config, const Dataset& train, const Dataset& test, RunFolder& folder,
                  RankLog& rank_log, const Parallel& parallel, int64_t checkpoint_every) {
   const bool root = parallel.rank() == 0;
-  ProgressPrinter printer(isatty(STDOUT_FILENO) != 0, config.epochs);
+  torchamp_apps::Progress progress(isatty(STDOUT_FILENO) != 0, 5);
   Hooks hooks;
   hooks.step = [&](const StepRow& r) {
     write_rank_step(rank_log, r.mode, r);
     if (root) {
       write_step(folder.logs(), r.mode, r);
-      printer(r.mode, r, r.total);
+      show_progress(progress, r, config.epochs);
     }
   };
   hooks.bookmark = [&](Position& p) {  // a collective: every rank's log size
@@ -585,19 +536,10 @@ int train(Args& a, const torchamp_apps::LaunchEnv& env) {
     }
   }
   parallel.all_gather(0);
-  RankLog rank_log = rank_log_of(folder, parallel.rank());
-  if (continuing) {
-    rank_log.resume(folder.position(), parallel.rank());
-  } else {
-    rank_log.start();
-  }
+  RankLog rank_log =
+      folder.open_rank_log(parallel.rank(), "mode,step,found_inf_here,skipped,scale,loss");
   if (root) {
-    const std::string resume_line =
-        continuing ? folder.resume_line(config.modes.size())
-        : folder.holds_run()
-            ? "no checkpoint in " + folder.dir().string() + " yet: the run starts again\n"
-            : "";
-    print_banner(config, folder, parallel, train, test, resume_line, continuing, mkl_pinned);
+    print_banner(config, folder, parallel, train, test, continuing, mkl_pinned);
   }
   train_modes(config, train, test, folder, rank_log, parallel, a.run.checkpoint_every);
   if (root) {

@@ -210,19 +210,6 @@ double cosine_lr(double lr, int64_t step, int64_t total) {
   return lr * 0.5 * (1.0 + std::cos(pi * static_cast<double>(step) / static_cast<double>(total)));
 }
 
-void set_lr(torch::optim::Optimizer& optimizer, double lr) {
-  for (auto& group : optimizer.param_groups()) {
-    auto& options = group.options();
-    if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
-      adam->lr(lr);
-    } else if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
-      adamw->lr(lr);
-    } else if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
-      sgd->lr(lr);
-    }
-  }
-}
-
 }  // namespace
 
 const std::vector<Task>& tasks() {
@@ -278,31 +265,18 @@ bool cpu_fp16_autocast() {
 }
 
 std::vector<std::string> known_modes() {
-  std::vector<std::string> names;
-  for (const auto& m : modes()) {
-    names.push_back(m.name);
-  }
-  return names;
+  return torchamp_apps::names_where(modes(), [](const Mode&) { return true; });
 }
 
 std::vector<std::string> default_modes() {
-  std::vector<std::string> names;
-  for (const auto& m : modes()) {
-    if (m.by_default && (!m.cuda || torch::cuda::is_available())) {
-      names.push_back(m.name);
-    }
-  }
-  return names;
+  return torchamp_apps::names_where(modes(), [](const Mode& m) {
+    return m.by_default && (!m.cuda || torch::cuda::is_available());
+  });
 }
 
 std::vector<std::string> available_modes() {
-  std::vector<std::string> names = default_modes();
-  for (const auto& m : modes()) {
-    if (!m.by_default && !m.cuda) {
-      names.push_back(m.name);
-    }
-  }
-  return names;
+  return torchamp_apps::names_where(
+      modes(), [](const Mode& m) { return !m.cuda || torch::cuda::is_available(); });
 }
 
 std::vector<std::string> activation_names(const Task& task) {
@@ -317,25 +291,15 @@ std::vector<std::string> activation_names(const Task& task) {
 void save_initial(const std::string& path, const Config& config, const Dataset& train,
                   const Dataset& test) {
   const Task& task = find_task(config.task);
-  const auto net = initial_net(config, task);
-  c10::Dict<std::string, at::Tensor> params;
-  for (const auto& p : net->named_parameters()) {
-    params.insert(p.key(), p.value().detach().clone());
-  }
   c10::impl::GenericDict all(c10::StringType::get(), c10::AnyType::get());
-  all.insert("params", params);
+  all.insert("params", torchamp_apps::parameters_dict(*initial_net(config, task)));
   all.insert("x_train", train.x);
   all.insert("y_train", train.y);
   all.insert("x_test", test.x);
   all.insert("y_test", test.y);
   all.insert("activation", task.activation);
   all.insert("cosine", task.cosine);
-  const std::vector<char> bytes = torch::pickle_save(all);
-  std::ofstream f(path, std::ios::binary);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!f) {
-    throw std::runtime_error("cannot write " + path);
-  }
+  torchamp_apps::write_pickle(path, all);
 }
 
 const std::vector<Mode>& modes() {
@@ -363,10 +327,6 @@ const Mode& find_mode(const std::string& name) {
 }
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 // One mode's training: the network, its optimizer (or this rank's shard of
 // it) and scaler, the counters a checkpoint keeps (bound once, in `state_`,
@@ -437,15 +397,8 @@ class ModeRun {
 
   // Continues from `path` when its position is inside this mode.
   void resume(const std::string& path) {
-    if (path.empty()) {
-      return;
-    }
-    const Position saved = read_position(path);
-    if (saved.mode_index == mode_index_ && saved.step > 0) {
-      state_.load(path);
-      step_ = saved.step;
-      earlier_seconds_ = wall_seconds_;
-    }
+    step_ = state_.resume(path, mode_index_);
+    earlier_seconds_ = wall_seconds_;
   }
 
   // Data-parallel: the gradients are summed over the ranks during backward
@@ -480,13 +433,7 @@ class ModeRun {
         if (b + 1 == per_epoch) {
           rec.test_accuracy = accuracy(x_test_, y_test_);
         }
-        if (hooks_.step) {
-          hooks_.step(rec);
-        }
-        if (hooks_.checkpoint_every > 0 && step_ % hooks_.checkpoint_every == 0 && step_ < total_) {
-          checkpoint();
-        }
-        maybe_die_after_step();
+        hooks_.after_step(rec, mode_index_, step_, total_, [this](const Position& p) { save(p); });
       }
     }
   }
@@ -500,7 +447,7 @@ class ModeRun {
     result_.final_scale = scaler_->get_scale();
     result_.underflow = overall_.fraction(overall_.flushed);
     result_.subnormal = overall_.fraction(overall_.subnormal);
-    result_.seconds = earlier_seconds_ + seconds_since(start_);
+    result_.seconds = earlier_seconds_ + torchamp_apps::seconds_since(start_);
     const auto steps = static_cast<double>(step_);
     result_.step_ms = step_ > 0 ? 1e3 * step_seconds_ / steps : 0.0;
     result_.train_step_ms = step_ > 0 ? 1e3 * train_seconds_ / steps : 0.0;
@@ -589,7 +536,7 @@ class ModeRun {
     const at::Tensor idx = batch.slice(0, m * rank_ / world, m * (rank_ + 1) / world);
     const at::Tensor x = x_train_.index_select(0, idx), y = y_train_.index_select(0, idx);
     if (task_.cosine) {
-      set_lr(*optimizer_, cosine_lr(config_.lr, step_, total_));
+      torchamp_apps::set_lr(*optimizer_, cosine_lr(config_.lr, step_, total_));
     }
     net_->zero_grad();  // not the optimizer's: in the sharded mode it holds only a shard
     StepStats stats{0, std::vector<Underflow>(n_act_)};
@@ -616,7 +563,7 @@ class ModeRun {
     if (skipped_now) {
       ++result_.skipped;
     }
-    step_seconds_ += seconds_since(step_start);
+    step_seconds_ += torchamp_apps::seconds_since(step_start);
     if (mode_.scaler) {
       scaler_->update();
     }
@@ -626,7 +573,7 @@ class ModeRun {
       parallel_.broadcast_from_owners(params_, owner_);
     }
     stats.unpack(sums);
-    train_seconds_ += seconds_since(train_start);
+    train_seconds_ += torchamp_apps::seconds_since(train_start);
     Underflow all;
     std::vector<double> layers;
     for (const auto& s : stats.layers) {
@@ -650,11 +597,9 @@ class ModeRun {
                    total_};
   }
 
-  // Every rank takes part (the bookmark and the shards' gather are
-  // collectives); rank 0 writes.
-  void checkpoint() {
-    Position p{mode_index_, step_, 0, 0, {}};
-    hooks_.bookmark(p);
+  // A checkpoint at `p` (bookmarked): every rank takes part (the shards'
+  // gather is a collective); rank 0 writes.
+  void save(const Position& p) {
     if (rank_ != 0 && !sharded_) {
       return;  // its optimizer is rank 0's
     }
@@ -663,7 +608,7 @@ class ModeRun {
     if (rank_ != 0) {
       return;
     }
-    wall_seconds_ = earlier_seconds_ + seconds_since(start_);
+    wall_seconds_ = earlier_seconds_ + torchamp_apps::seconds_since(start_);
     state_.save(hooks_.checkpoint_path, p, shards);
   }
 

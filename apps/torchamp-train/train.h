@@ -104,12 +104,9 @@ struct ModeResult {
 
 // App support (apps/common/support.h), used here unqualified.
 using torchamp_apps::bytes_per_param;
-using torchamp_apps::g17;
-using torchamp_apps::maybe_die_after_step;
 using torchamp_apps::peak_rss_mb;
 using torchamp_apps::pin_mkl_to_one_thread;
 using torchamp_apps::reset_peak_rss;
-using torchamp_apps::save_atomically;
 
 /// A precision mode: what the forward runs in, what the parameters are, and
 /// whether a GradScaler and master weights take part.
@@ -148,8 +145,6 @@ std::vector<std::string> activation_names(const Task& task);
 
 // App support (apps/common/run_state.h): where a run stands.
 using torchamp_apps::Position;
-using torchamp_apps::read_position;
-using torchamp_apps::save_position;
 
 /// What train_mode reports and asks for along the way.
 using Hooks = torchamp_apps::Hooks<StepRow>;
