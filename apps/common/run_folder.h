@@ -81,6 +81,22 @@ class RunFolder {
   /// options without a checkpoint) or nothing (a new folder).
   std::string resume_line(std::size_t modes) const;
 
+  /// The hooks' run-folder half: a checkpoint every `args.checkpoint_every`
+  /// steps into checkpoint(), and a bookmark that flushes rank 0's logs and
+  /// records their sizes (an app adds its step, and what else it records).
+  template <class Row>
+  Hooks<Row> hooks(const RunArgs& args, bool root) {
+    Hooks<Row> h;
+    h.checkpoint_every = args.checkpoint_every;
+    h.checkpoint_path = checkpoint();
+    h.bookmark = [this, root](Position& p) {
+      if (root) {
+        logs_.bookmark(p);
+      }
+    };
+    return h;
+  }
+
   /// Trains the run's `modes` from position() on, on every rank:
   /// `train(i, from)` runs mode i (`from`: the checkpoint to continue it
   /// from, or empty), rank 0 `record`s its result (summary.csv's row), and a

@@ -37,6 +37,15 @@ void set_lr(torch::optim::Optimizer& optimizer, double lr) {
   }
 }
 
+std::string determinism_line(bool deterministic, bool pinned) {
+  return !deterministic ? "nondeterministic: MKL (where the LibTorch has it) on its default "
+                          "threads; float32 matmuls may differ from run to run"
+         : pinned       ? "deterministic: MKL's float32 matmuls on one thread, so the same command "
+                          "writes the same numbers every run (--nondeterministic: MKL's threads)"
+                        : "deterministic: this LibTorch has no MKL; its BLAS and kernels give the "
+                          "same numbers every run";
+}
+
 c10::Dict<std::string, at::Tensor> parameters_dict(const torch::nn::Module& module) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& p : module.named_parameters()) {

@@ -57,6 +57,10 @@ void write_pickle(const std::string& path, const c10::IValue& value);
 /// did, for the log; false when there is no MKL.
 bool pin_mkl_to_one_thread();
 
+/// A banner's line on what makes the numbers repeat: `deterministic` (the
+/// run's option) and `pinned` (what pin_mkl_to_one_thread did).
+std::string determinism_line(bool deterministic, bool pinned);
+
 /// Saves `archive` to `path` through a temporary name: a process killed while
 /// writing leaves the last complete checkpoint in place. Test hook
 /// TORCHAMP_TRAIN_KILL_IN_CHECKPOINT=K: SIGKILL right after writing the

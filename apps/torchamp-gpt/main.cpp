@@ -425,7 +425,8 @@ void print_banner(const Config& c, const Corpus& corpus, bool pinned,
             << c.data << "; " << c.model.layers << " layers, d " << c.model.d_model << ", "
             << c.model.heads << " heads, context " << c.model.context << "; batch " << c.batch_size
             << " x " << c.accum << " x " << c.world << " rank(s); " << at::get_num_threads()
-            << " thread(s)" << (pinned ? ", MKL pinned to one" : "")
+            << " thread(s)\n"
+            << torchamp_apps::determinism_line(c.deterministic, pinned)
             << "\nCPU: " << torchamp_apps::cpu_half_precision_support() << "\n";
   std::cout << folder.resume_line(c.modes.size());  // a checkpoint inside a mode or between two
 }
@@ -437,11 +438,6 @@ std::vector<std::string> train_modes(const Args& a, const Corpus& corpus, Runtim
   const Config& c = a.config;
   const bool root = rt.rank == 0;
   const int64_t log_every = a.log_every > 0 ? a.log_every : std::max<int64_t>(1, c.steps / 10);
-  rt.bookmark = [&](Position& p) {
-    if (root) {
-      folder.logs().bookmark(p);
-    }
-  };
   std::vector<std::string> samples;
   torchamp_apps::Progress progress(isatty(STDOUT_FILENO) != 0,
                                    std::max<int64_t>(1, log_every / 10));
@@ -486,12 +482,8 @@ int train(Args& a) {
     at::set_num_threads(a.threads);
   }
   const bool pinned = c.deterministic && torchamp_apps::pin_mkl_to_one_thread();
-  Runtime rt;
-  rt.group = torchamp_apps::form_group(env, a.run.timeout());
-  rt.rank = env.rank;
-  rt.checkpoint_every = a.run.checkpoint_every;
-  rt.checkpoint_path = folder.checkpoint();
-  rt.sample_chars = a.sample_chars;
+  Runtime rt{folder.hooks<StepRow>(a.run, env.rank == 0),
+             torchamp_apps::form_group(env, a.run.timeout()), env.rank, a.sample_chars};
   if (env.rank == 0) {
     set_up(folder, c, std::max(c.vocab, corpus.vocab_size()));
   }
@@ -500,8 +492,6 @@ int train(Args& a) {
   if (env.rank != 0) {
     return 0;
   }
-  folder.logs().metrics().close();
-  folder.logs().summary().close();
   if (a.sample_chars > 0) {
     std::cout << "\nWhat each model writes (" << a.sample_chars << " characters after a newline, "
               << "temperature 0.8):\n";

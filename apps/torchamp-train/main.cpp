@@ -439,24 +439,17 @@ void print_banner(const Config& config, const RunFolder& folder, const Parallel&
                                     : "store activations in float16 between layers (no CPU "
                                       "float16 autocast before LibTorch 2.2)")
             << "\n"
-            << (!config.deterministic
-                    ? "nondeterministic: MKL (where the LibTorch has it) on its default "
-                      "threads; float32 matmuls may differ from run to run"
-                : mkl_pinned
-                    ? "deterministic: MKL's float32 matmuls on one thread, so the same command "
-                      "writes the same numbers every run (--nondeterministic: MKL's threads)"
-                    : "deterministic: this LibTorch has no MKL; its BLAS and kernels give the "
-                      "same numbers every run")
+            << torchamp_apps::determinism_line(config.deterministic, mkl_pinned)
             << std::endl;  // before anything can kill the process
 }
 
 // Trains the modes from the folder's position on, every rank; rank 0
 // writes the logs, the checkpoints and the progress.
 void train_modes(const Config& config, const Dataset& train, const Dataset& test, RunFolder& folder,
-                 RankLog& rank_log, const Parallel& parallel, int64_t checkpoint_every) {
+                 RankLog& rank_log, const Parallel& parallel, const torchamp_apps::RunArgs& run) {
   const bool root = parallel.rank() == 0;
   torchamp_apps::Progress progress(isatty(STDOUT_FILENO) != 0, 5);
-  Hooks hooks;
+  Hooks hooks = folder.hooks<StepRow>(run, root);
   hooks.step = [&](const StepRow& r) {
     write_rank_step(rank_log, r.mode, r);
     if (root) {
@@ -464,14 +457,10 @@ void train_modes(const Config& config, const Dataset& train, const Dataset& test
       show_progress(progress, r, config.epochs);
     }
   };
-  hooks.bookmark = [&](Position& p) {  // a collective: every rank's log size
-    if (root) {
-      folder.logs().bookmark(p);
-    }
+  hooks.bookmark = [&, logs = hooks.bookmark](Position& p) {  // a collective: every rank's log
+    logs(p);
     p.rank_log_bytes = parallel.all_gather(rank_log.flush());
   };
-  hooks.checkpoint_every = checkpoint_every;
-  hooks.checkpoint_path = folder.checkpoint();
   folder.run_modes<ModeResult>(
       config.modes.size(), root,
       [&](int64_t i, const std::string& from) {
@@ -541,7 +530,7 @@ int train(Args& a, const torchamp_apps::LaunchEnv& env) {
   if (root) {
     print_banner(config, folder, parallel, train, test, continuing, mkl_pinned);
   }
-  train_modes(config, train, test, folder, rank_log, parallel, a.run.checkpoint_every);
+  train_modes(config, train, test, folder, rank_log, parallel, a.run);
   if (root) {
     report(folder, config);
   }
