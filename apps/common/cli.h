@@ -41,6 +41,17 @@ inline CLI::Option* add_run_options(CLI::App& app, RunArgs& a, bool& determinist
   return out;
 }
 
+/// Parses argv with `app`: -1 to go on, else the exit code (0 after --help,
+/// 2 for a bad option, whose message CLI11 has printed).
+inline int parse_command_line(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return -1;
+}
+
 /// The GradScaler's settings every app exposes: --init-scale, --growth-interval.
 inline void add_scaler_options(CLI::App& app, double& init_scale, int64_t& growth_interval) {
   app.add_option("--init-scale", init_scale, "GradScaler initial scale")

@@ -110,6 +110,12 @@ std::vector<std::string> names_where(const std::vector<T>& all, Keep keep) {
   return names;
 }
 
+/// The names of all the entries of `all`, in order.
+template <class T>
+std::vector<std::string> names_of(const std::vector<T>& all) {
+  return names_where(all, [](const T&) { return true; });
+}
+
 /// This CPU's native matrix instructions for bfloat16 and float16, for a
 /// banner: "AMX-BF16, AVX-512 BF16: bfloat16 matmuls native, float16 not"
 /// or "AVX2 only: neither bfloat16 nor float16 matmuls native" (the flags of

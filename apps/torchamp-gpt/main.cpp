@@ -243,7 +243,7 @@ void add_training_options(CLI::App& app, Config& c) {
   torchamp_apps::add_scaler_options(app, c.init_scale, c.growth_interval);
   app.add_option("--seed", c.seed, "Seed of the initial weights, batches and dropout")
       ->capture_default_str();
-  const auto names = torchamp_apps::names_where(known_modes(), [](const Mode&) { return true; });
+  const auto names = torchamp_apps::names_of(known_modes());
   c.modes = default_modes();
   app.add_option("--modes", c.modes,
                  "Modes to run, comma-separated (default: those available here)")
@@ -292,11 +292,8 @@ int parse(int argc, char** argv, Args& a) {
   sizes.add(app, a.size);
   add_training_options(app, c);
   add_run_options(app, a);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+  if (const int rc = torchamp_apps::parse_command_line(app, argc, argv); rc >= 0) {
+    return rc;
   }
   sizes.apply(a.size, c);
   return -1;

@@ -246,10 +246,7 @@ struct Args {
 
 // The options of the workload and its training.
 void add_training_options(CLI::App& app, Config& config, int64_t& seed) {
-  std::vector<std::string> task_names;
-  for (const auto& t : tasks()) {
-    task_names.push_back(t.name);
-  }
+  const auto task_names = torchamp_apps::names_of(tasks());
   config.task = task_names.front();
   app.add_option("--task", config.task, task_help())
       ->check(CLI::IsMember(task_names))
@@ -313,11 +310,8 @@ int parse(int argc, char** argv, Args& a) {
   int64_t seed = 0;
   add_training_options(app, config, seed);
   add_run_options(app, a);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+  if (const int rc = torchamp_apps::parse_command_line(app, argc, argv); rc >= 0) {
+    return rc;
   }
   config.seed = static_cast<uint64_t>(seed);
   a.lr_given = app.count("--lr") > 0;

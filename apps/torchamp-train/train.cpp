@@ -265,7 +265,7 @@ bool cpu_fp16_autocast() {
 }
 
 std::vector<std::string> known_modes() {
-  return torchamp_apps::names_where(modes(), [](const Mode&) { return true; });
+  return torchamp_apps::names_of(modes());
 }
 
 std::vector<std::string> default_modes() {
