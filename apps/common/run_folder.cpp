@@ -18,7 +18,7 @@ Options read_run_options(const fs::path& dir) {
 }
 
 RunFolder::RunFolder(fs::path dir, Options saved)
-    : dir_(std::move(dir)), saved_(std::move(saved)), logs_(dir_) {
+    : dir_(std::move(dir)), saved_(std::move(saved)), found_run_(!saved_.empty()), logs_(dir_) {
   if (fs::exists(checkpoint())) {
     position_ = read_position(checkpoint());
   }
@@ -87,7 +87,7 @@ bool RunFolder::report_if_finished(std::size_t modes, int rank, const std::strin
 
 std::string RunFolder::resume_line(std::size_t modes) const {
   if (!continuing()) {
-    return holds_run() ? "no checkpoint in " + dir_.string() + " yet: the run starts again\n" : "";
+    return found_run_ ? "no checkpoint in " + dir_.string() + " yet: the run starts again\n" : "";
   }
   return "resuming at mode " + std::to_string(position_.mode_index + 1) + "/" +
          std::to_string(modes) + ", step " + std::to_string(position_.step) + " from " +

@@ -77,8 +77,8 @@ class RunFolder {
   bool report_if_finished(std::size_t modes, int rank, const std::string& app,
                           const std::function<void()>& results) const;
   /// "resuming at mode M/N, step S from <checkpoint>" for a run that
-  /// continues; for one that starts, that it starts again (a folder of its
-  /// options without a checkpoint) or nothing (a new folder).
+  /// continues; for one that starts, that it starts again (the folder held
+  /// a run of its options but no checkpoint) or nothing (a new folder).
   std::string resume_line(std::size_t modes) const;
 
   /// The hooks' run-folder half: a checkpoint every `args.checkpoint_every`
@@ -151,6 +151,7 @@ class RunFolder {
   RunFolder(std::filesystem::path dir, Options saved);
   std::filesystem::path dir_;
   Options saved_;
+  bool found_run_;  // the folder held a run when opened (start() makes it hold one)
   Position position_;
   RunLogs logs_;
 };

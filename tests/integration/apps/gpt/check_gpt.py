@@ -166,7 +166,14 @@ def case_resume():
                    "fp32,bf16-sr,fp16+scaler" if fp16_here() else "fp32,bf16-sr,bf16",
                    "--checkpoint-every", "5", "--sample", "0"]
     full = os.path.join(WORK, "full")
-    run(args + ["--out", full])
+    p = run(args + ["--out", full])
+    check("starts again" not in p.stdout and "resuming" not in p.stdout,
+          "a new folder's banner neither resumes nor starts again")
+    killed = os.path.join(WORK, "killed-before-a-checkpoint")
+    run(args + ["--out", killed], env={"TORCHAMP_TRAIN_KILL_AT_STEP": "3"}, expect=-9)
+    p = run(args + ["--out", killed])
+    check("no checkpoint in %s yet: the run starts again" % killed in p.stdout,
+          "a folder of the same options without a checkpoint says it starts again")
     kills = [("TORCHAMP_TRAIN_KILL_AT_STEP", "7", "after step 7 of the first mode", 5),
              ("TORCHAMP_TRAIN_KILL_IN_CHECKPOINT", "2", "inside its second checkpoint write", 5),
              ("TORCHAMP_TRAIN_KILL_AT_STEP", "28", "in the second mode, after step 12", 10),
