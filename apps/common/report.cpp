@@ -120,9 +120,12 @@ Figures& Figures::series(const std::string& spec) {
 
 Figures& Figures::each_mode(const fs::path& data, const std::vector<std::string>& modes,
                             const std::string& using_, const std::string& style) {
+  std::string file = "'";  // (appended: GCC 12's -O3 warns falsely on "'" + a temporary)
+  file += data.string();
+  file += "' index ";
   for (size_t i = 0; i < modes.size(); ++i) {
-    series("'" + data.string() + "' index " + std::to_string(i) + " using " + using_ +
-           " with lines lw 1.5" + style + " title '" + modes[i] + "' noenhanced");
+    series(file + std::to_string(i) + " using " + using_ + " with lines lw 1.5" + style +
+           " title '" + modes[i] + "' noenhanced");
   }
   return *this;
 }
