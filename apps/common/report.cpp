@@ -66,14 +66,14 @@ void Progress::show(const std::string& text, bool due) const {
   const bool last = step_ + 1 == total_;
   if (!tty_) {
     if (due || last) {
-      std::cout << std::left << std::setw(19) << mode_ << text << std::endl;
+      std::cout << std::left << std::setw(18) << mode_ << " " << text << std::endl;
     }
     return;
   }
   if (step_ % redraw_ == 0 || due || last) {
     const int width = 24;
     const auto filled = static_cast<int>(width * (step_ + 1) / std::max<int64_t>(1, total_));
-    std::cout << "\r\033[K" << std::left << std::setw(19) << mode_ << "["
+    std::cout << "\r\033[K" << std::left << std::setw(18) << mode_ << " ["
               << std::string(filled, '#') << std::string(width - filled, '.') << "] " << text
               << std::flush;
   }

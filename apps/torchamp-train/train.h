@@ -130,8 +130,9 @@ const Mode& find_mode(const std::string& name);
 /// 2.2); otherwise they store activations in float16 between layers.
 bool cpu_fp16_autocast();
 
-/// "fp32", "fp16", "fp16+scaler", "bf16+scaler", and "cuda-fp16+scaler" when
-/// the linked LibTorch has CUDA and a GPU is present.
+/// Every mode this build and machine run: the CPU ones (the default ones and
+/// the <dtype>-params modes), and cuda-fp16+scaler where the linked LibTorch
+/// has CUDA and a GPU is present.
 std::vector<std::string> available_modes();
 /// The modes a run without --modes trains: the available ones but the
 /// <dtype>-params modes.
