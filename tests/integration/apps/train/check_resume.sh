@@ -31,7 +31,9 @@ for variant in "--optimizer adam" "--optimizer sgd --fused"; do
   args=(--task deep --epochs 6 --modes fp32,fp16+scaler,bf16+scaler --init-scale 1e9
         --growth-interval 5 $variant)
   name=$(echo "$variant" | tr -d ' -')
-  "$app" "${args[@]}" --out "$work/$name-full" >/dev/null
+  "$app" "${args[@]}" --out "$work/$name-full" >"$work/full.log"
+  ! grep -q "starts again\|resuming" "$work/full.log" ||
+    fail "a new folder's banner says it resumes or starts again: $(head -3 "$work/full.log")"
   skips=$(grep -c ',fp16+scaler,' "$work/$name-full/metrics.csv")
   [ "$skips" -gt 0 ] || fail "no fp16+scaler rows"
 
