@@ -450,7 +450,13 @@ if TORCHRUN:
             return "no rank 1 worker"
         time.sleep(0.5)
         os.kill(pid, signal.SIGSTOP)
-        return f"rank 1 (pid {pid}) SIGSTOPped"
+        # Once rank 0 has failed (what this case checks), rank 1 goes on: then
+        # torchrun's SIGTERM ends it at once, not after torchrun's 30 s grace
+        # for a worker that does not exit (a stopped one cannot).
+        log = os.path.join(WORK, tag + ".log")
+        wait_for(lambda: "over the process group failed" in open(log).read(), seconds=120)
+        os.kill(pid, signal.SIGCONT)
+        return f"rank 1 (pid {pid}) SIGSTOPped, continued once rank 0 had failed"
 
     tag = f"ft-stopped-{os.getpid()}"
     rc, text, t, note = torchrun_job(2, ["--modes", "fp32", "--epochs", "1000", "--timeout", "3",
