@@ -84,6 +84,8 @@ class RunFolder {
   /// The hooks' run-folder half: a checkpoint every `args.checkpoint_every`
   /// steps into checkpoint(), and a bookmark that flushes rank 0's logs and
   /// records their sizes (an app adds its step, and what else it records).
+  /// The bookmark refers to this folder: call it on the folder the run keeps,
+  /// not on one that is then copied or moved.
   template <class Row>
   Hooks<Row> hooks(const RunArgs& args, bool root) {
     Hooks<Row> h;

@@ -138,17 +138,20 @@ struct Trainer {
     return loss_on(x.to(mode.device), y.to(mode.device));
   }
 
+  // This rank's micro-batch m, by its index in the global batch (what its
+  // data and its dropout masks are drawn by, on any number of ranks).
+  int64_t micro_index(int64_t m) const { return m * c.world + rt.rank; }
+
   // Where micro-batch m of `step` starts in the training split on this rank.
   std::vector<int64_t> train_starts(int64_t step, int64_t m) const {
-    const int64_t micro = m * c.world + rt.rank;
-    return offsets(c.seed, 0, step, micro * c.batch_size, c.batch_size, corpus.train.size(0),
-                   c.model.context);
+    return offsets(c.seed, 0, step, micro_index(m) * c.batch_size, c.batch_size,
+                   corpus.train.size(0), c.model.context);
   }
 
   // One micro-batch's forward and backward; its loss, unscaled and weighted
   // by its share of the global batch (1 / (accum x world)).
   double micro_step(int64_t step, int64_t m) {
-    torch::manual_seed(dropout_seed(c, step, m * c.world + rt.rank));
+    torch::manual_seed(dropout_seed(c, step, micro_index(m)));
     const auto no_sync = ddp.no_sync(m + 1 < c.accum);  // these gradients stay local
     const auto loss =
         loss_of(corpus.train, train_starts(step, m)) / static_cast<double>(c.accum * c.world);
