@@ -12,9 +12,10 @@
 #   4. with another LibTorch's headers first, config.h stops the compile
 #      with an error naming both versions.
 #
-# Usage: check_pkg_config.sh BUILD WORK SOURCE CXX TORCHRUN|"" OTHER_TORCH_PREFIX|""
+# Usage: check_pkg_config.sh BUILD WORK SOURCE CXX TORCHRUN|"" OTHER_TORCH_PREFIX|"" [LAUNCHER]
+# (LAUNCHER: the build's compiler launcher, ccache, for the compile lines.)
 set -uo pipefail
-build=$1 work=$2 source=$3 cxx=$4 torchrun=$5 other=$6
+build=$1 work=$2 source=$3 cxx=$4 torchrun=$5 other=$6 launcher=${7:-}
 
 fail() {
   echo "FAIL: $*" >&2
@@ -43,6 +44,14 @@ config=$(find "$prefix" -path '*/torchamp/config.h' | head -1)
 distributed=$(sed -n 's/^#define TORCHAMP_WITH_DISTRIBUTED \([01]\)$/\1/p' "$config")
 [ -n "$distributed" ] || fail "$config has no TORCHAMP_WITH_DISTRIBUTED"
 
+# A program from one source file, as a Makefile builds it: a compile line
+# with the pkg-config cflags (through LAUNCHER where the build has one: a
+# compile, unlike a link, is what ccache can reuse), then a link line.
+build_program() {  # OUTPUT SOURCE
+  # shellcheck disable=SC2086  # the flags are words; an empty launcher is none
+  $launcher "$cxx" -c -o "$1.o" "$2" $cflags && "$cxx" -o "$1" "$1.o" $cflags $libs
+}
+
 # 1. Every declaration of this build, from torchamp.h with no -D.
 cat >"$work/headers.cpp" <<'EOF'
 #include <torchamp/torchamp.h>
@@ -65,15 +74,13 @@ int main() {
             << ", kernels " << TORCHAMP_KERNEL_ISAS << "\n";
 }
 EOF
-# shellcheck disable=SC2086  # the flags are words
-"$cxx" -o "$work/headers" "$work/headers.cpp" $cflags $libs || fail "torchamp.h alone did not build"
+build_program "$work/headers" "$work/headers.cpp" || fail "torchamp.h alone did not build"
 out=$("$work/headers") || fail "the header probe did not run: $out"
 echo "$out"
 grep -q "distributed $distributed" <<<"$out" || fail "the probe saw another build: $out"
 
 # 2. The quickstart.
-# shellcheck disable=SC2086
-"$cxx" -o "$work/quickstart" "$source/examples/quickstart.cpp" $cflags $libs ||
+build_program "$work/quickstart" "$source/examples/quickstart.cpp" ||
   fail "the quickstart did not build with the pkg-config flags"
 out=$("$work/quickstart" 2>&1) || fail "the quickstart failed: $out"
 grep -q "clipped gradient norm" <<<"$out" || fail "the quickstart printed: $out"
@@ -81,8 +88,7 @@ echo "ok: the quickstart built with g++ and pkg-config, and ran"
 
 # 3. The DDP example.
 if [ "$distributed" = 1 ]; then
-  # shellcheck disable=SC2086
-  "$cxx" -o "$work/ddp_train" "$source/examples/ddp_train.cpp" $cflags $libs ||
+  build_program "$work/ddp_train" "$source/examples/ddp_train.cpp" ||
     fail "ddp_train did not build with the pkg-config flags"
   out=$(env -u RANK -u WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT "$work/ddp_train" 2>&1)
   rc=$?
