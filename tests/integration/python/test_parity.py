@@ -27,6 +27,8 @@ Not LibTorch's own C++ SGD: its bfloat16 update rounds differently from
 Python's in the last bit (this test found it), and its Adam uses mul_/add_
 where Python uses lerp_; the scaler is what is compared here.
 """
+import bisect
+import math
 import os
 import random
 import subprocess
@@ -124,8 +126,48 @@ def found_inf(scaler, opt):
     return sum(v.item() for v in state["found_inf_per_device"].values()) != 0
 
 
+class Packed:
+    """A sequence's gradients and parameters after each step, packed as
+    parity_tool.cpp's Packed packs torchamp's: every float32 tensor's elements
+    in one tensor, every bfloat16 one's in another, and their layout as text.
+    One comparison a dtype and sequence instead of one a tensor: the load and
+    the comparison of 135,000 separate tensors were most of this test's time."""
+
+    CODES = {torch.float32: "f", torch.bfloat16: "b"}
+
+    def __init__(self):
+        self.layout = []
+        self.parts = {dtype: [] for dtype in self.CODES}
+        self.where = {dtype: [] for dtype in self.CODES}  # (offset, what, shape) a tensor
+        self.size = {dtype: 0 for dtype in self.CODES}
+
+    def add(self, groups, name, step):
+        self.layout.append(name[0] + " ")
+        for o, group in enumerate(groups):
+            for j, t in enumerate(group):
+                if t is None:
+                    self.layout.append("- ")
+                    continue
+                self.layout.append(self.CODES[t.dtype] + "x".join(str(d) for d in t.shape) + " ")
+                self.where[t.dtype].append((self.size[t.dtype], f"step {step}: {name}[{o}][{j}]",
+                                            t.shape))
+                self.size[t.dtype] += t.numel()
+                self.parts[t.dtype].append(t.detach().reshape(-1).clone())
+
+    def joined(self, dtype):
+        return torch.cat(self.parts[dtype]) if self.parts[dtype] else torch.empty(0, dtype=dtype)
+
+    def tensor_at(self, dtype, index):
+        """What the element `index` of joined(dtype) belongs to: (what, offset, shape)."""
+        k = bisect.bisect_right([w[0] for w in self.where[dtype]], index) - 1
+        offset, what, shape = self.where[dtype][k]
+        return what, offset, shape
+
+
 def run_python(seq):
-    """PyTorch's GradScaler and SGD over one sequence; the trace after each step."""
+    """PyTorch's GradScaler and SGD over one sequence: each step's scale,
+    growth tracker and skip decisions, and its gradients (as unscaled) and
+    parameters, packed."""
     params = [[p.clone().requires_grad_() for p in group] for group in seq["params"]]
     opts = [torch.optim.AdamW(group, lr=o["lr"], betas=o["betas"], weight_decay=o["weight_decay"],
                               amsgrad=o["amsgrad"], fused=True)
@@ -135,8 +177,8 @@ def run_python(seq):
             for group, o in zip(params, seq["opts"])]
     cfg = seq["cfg"]
     scaler = torch.amp.GradScaler("cpu", **cfg)
-    trace = []
-    for step in seq["steps"]:
+    steps, packed = [], Packed()
+    for k, step in enumerate(seq["steps"]):
         for group, grads in zip(params, step["grads"]):
             for p, g in zip(group, grads):
                 p.grad = None if g is None else scaler.scale(g)
@@ -146,8 +188,7 @@ def run_python(seq):
         for i in step["step"]:
             scaler.step(opts[i])
             stepped.append(not found_inf(scaler, opts[i]))  # what step() decided
-        grads_after = [[p.grad.detach().clone() if p.grad is not None else None for p in group]
-                       for group in params]
+        packed.add([[p.grad for p in group] for group in params], "grads", k)
         if step["new_scale"] is None:
             scaler.update()
         else:
@@ -156,14 +197,13 @@ def run_python(seq):
             fresh = torch.amp.GradScaler("cpu")
             fresh.load_state_dict(scaler.state_dict())
             scaler = fresh
-        trace.append({
+        steps.append({
             "scale": scaler.get_scale(),
             "growth_tracker": scaler._get_growth_tracker(),
             "stepped": stepped,
-            "grads": grads_after,
-            "params": [[p.detach().clone() for p in group] for group in params],
         })
-    return trace
+        packed.add(params, "params", k)
+    return steps, packed
 
 
 def bits(t):
@@ -177,49 +217,33 @@ class ParityWithPyTorch(unittest.TestCase):
         rng = random.Random(SEED)
         torch.manual_seed(SEED)
         sequences = [make_sequence(rng) for _ in range(SEQUENCES)]
-        # torchamp twice: the scaler's state on the host (the CPU default),
-        # and in tensors (device_state: the path a CUDA scaler takes).
-        runs = {}
-        for device_state in (False, True):
-            spec = os.path.join(WORK, f"parity_spec_{int(device_state)}.pt")
-            out = os.path.join(WORK, f"parity_cpp_{int(device_state)}.pt")
-            torch.save({"sequences": sequences, "device_state": device_state}, spec)
-            subprocess.run([TOOL, spec, out], check=True)
-            runs[device_state] = load_from_cpp(out)["traces"]
-            self.assertEqual(len(runs[device_state]), len(sequences))
+        # torchamp twice in one run of the tool: the scaler's state on the host
+        # (the CPU default), and in tensors (device_state: the path a CUDA
+        # scaler takes).
+        spec = os.path.join(WORK, "parity_spec.pt")
+        out = os.path.join(WORK, "parity_cpp.pt")
+        torch.save({"sequences": sequences}, spec)
+        subprocess.run([TOOL, spec, out], check=True)
+        both = load_from_cpp(out)
+        runs = {False: both["host_state"], True: both["device_state"]}
+        for cpp in runs.values():
+            self.assertEqual(len(cpp), len(sequences))
         pythons = [run_python(seq) for seq in sequences]
         for device_state, cpp in runs.items():
             with self.subTest(device_state=device_state):
                 self.compare(sequences, pythons, cpp, device_state)
 
     def compare(self, sequences, pythons, cpp, device_state):
-
         steps = skipped = grown = backed_off = reloads = tensors = nan_payloads = 0
         for s, (seq, theirs) in enumerate(zip(sequences, cpp)):
-            ours_py = pythons[s]
-            self.assertEqual(len(theirs), len(ours_py), f"sequence {s}")
+            py_steps, packed = pythons[s]
+            self.assertEqual(len(theirs["steps"]), len(py_steps), f"sequence {s}")
             prev_scale = seq["cfg"]["init_scale"]
-            for k, (py, cc) in enumerate(zip(ours_py, theirs)):
+            for k, (py, cc) in enumerate(zip(py_steps, theirs["steps"])):
                 where = f"sequence {s} step {k}"
                 self.assertEqual(py["scale"], cc["scale"], where + ": scale")
                 self.assertEqual(py["growth_tracker"], cc["growth_tracker"], where + ": tracker")
                 self.assertEqual(py["stepped"], list(cc["stepped"]), where + ": skip decisions")
-                for name in ("grads", "params"):
-                    for o, (pg, cg) in enumerate(zip(py[name], cc[name])):
-                        for j, (a, b) in enumerate(zip(pg, cg)):
-                            what = f"{where}: {name}[{o}][{j}]"
-                            if a is None or b is None:
-                                self.assertTrue(a is None and b is None, what)
-                                continue
-                            self.assertEqual(a.dtype, b.dtype, what)
-                            nan = torch.isnan(a)
-                            self.assertTrue(torch.equal(nan, torch.isnan(b)), f"{what}: NaN places")
-                            # The message only on a failure: printing every tensor
-                            # compared took more than half of this test's time.
-                            if not torch.equal(bits(a)[~nan], bits(b)[~nan]):
-                                self.fail(f"{what}: python {a} torchamp {b}")
-                            nan_payloads += int((bits(a)[nan] != bits(b)[nan]).sum())
-                            tensors += 1
                 steps += 1
                 skipped += py["stepped"].count(False)
                 if seq["steps"][k]["new_scale"] is None:
@@ -227,6 +251,26 @@ class ParityWithPyTorch(unittest.TestCase):
                     backed_off += py["scale"] < prev_scale
                 reloads += seq["steps"][k]["reload"]
                 prev_scale = py["scale"]
+            # Every gradient (as unscaled) and parameter after every step: the
+            # same dtypes, shapes and absent gradients, then the same bits.
+            self.assertEqual("".join(packed.layout), theirs["layout"],
+                             f"sequence {s}: the tensors' dtypes, shapes or absent gradients")
+            for dtype in Packed.CODES:
+                a, b = packed.joined(dtype), theirs[str(dtype).split(".")[1]]
+                self.assertEqual(a.dtype, b.dtype, f"sequence {s}")
+                nan = torch.isnan(a)
+                wrong = (torch.isnan(b) != nan) | ((bits(a) != bits(b)) & ~nan)
+                if bool(wrong.any()):
+                    index = int(wrong.nonzero()[0])
+                    what, offset, shape = packed.tensor_at(dtype, index)
+                    n = math.prod(shape)
+                    self.fail(f"sequence {s} {what}, element {index - offset}: python "
+                              f"{a[index].item()!r} (bits {int(bits(a)[index])}), torchamp "
+                              f"{b[index].item()!r} (bits {int(bits(b)[index])}); the tensors: "
+                              f"python {a[offset:offset + n].view(shape)} "
+                              f"torchamp {b[offset:offset + n].view(shape)}")
+                nan_payloads += int((bits(a)[nan] != bits(b)[nan]).sum())
+                tensors += len(packed.where[dtype])
         fused = sum(o.get("kind") == "adamw_fused" for seq in sequences for o in seq["opts"])
         print(f"parity ({'state in tensors' if device_state else 'state on the host'}): "
               f"{len(sequences)} sequences ({fused} fused AdamW optimizers among them), {steps} steps, {skipped} skipped optimizer "

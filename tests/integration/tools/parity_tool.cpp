@@ -3,12 +3,15 @@
 // operations (see PythonSGD), or torchamp's fused AdamW on ATen's path
 // (against Python's AdamW(fused=True)), and writes the trace
 // after every step (scale, growth tracker, skip decisions, gradients,
-// parameters) for the Python side to compare with PyTorch's GradScaler.
+// parameters) for the Python side to compare with PyTorch's GradScaler:
+// twice, the scaler's state on the host and in tensors.
 //
 //   parity_tool SPEC.pt OUT.pt
 //
 // SPEC is torch.save({"sequences": [...]}) (see make_sequence there); OUT is
-// torch::pickle_save({"traces": [[step, ...], ...]}), which torch.load reads.
+// torch::pickle_save({"host_state": [trace, ...], "device_state": [...]}),
+// which torch.load reads; a sequence's trace is {"steps": [{scale,
+// growth_tracker, stepped}, ...]} and its tensors packed (see Packed).
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
 
@@ -113,24 +116,52 @@ List new_list() {
   return List(c10::AnyType::get());
 }
 
-// Grads or params of every optimizer, cloned; an absent grad is None.
-List snapshot(const std::vector<std::vector<at::Tensor>>& params, bool grads) {
-  List out = new_list();
-  for (const auto& group : params) {
-    List g = new_list();
-    for (const auto& p : group) {
-      if (grads) {
-        g.push_back(p.grad().defined() ? IValue(p.grad().detach().clone()) : IValue());
-      } else {
-        g.push_back(p.detach().clone());
+// A sequence's gradients and parameters after each of its steps, packed
+// for the Python side to compare fast (test_parity.py's Packed builds the
+// same from PyTorch's): the elements of every float32 tensor in one tensor,
+// of every bfloat16 one in another, in the order they come (each step's
+// gradients, then its parameters, optimizer by optimizer), and their layout
+// as text: "f3x5 " a float32 3 x 5 tensor, "b7 " a bfloat16 one of 7
+// elements, "- " an absent gradient, "g "/"p " where a step's gradients /
+// parameters start.
+struct Packed {
+  std::string layout;
+  std::vector<at::Tensor> float32, bfloat16;
+
+  void add(const std::vector<std::vector<at::Tensor>>& params, bool grads) {
+    layout += grads ? "g " : "p ";
+    for (const auto& group : params) {
+      for (const auto& p : group) {
+        const at::Tensor t = grads ? p.grad() : p;
+        if (!t.defined()) {
+          layout += "- ";
+          continue;
+        }
+        const bool bf16 = t.scalar_type() == at::kBFloat16;
+        TORCH_CHECK(bf16 || t.scalar_type() == at::kFloat, "parity: a ", t.scalar_type(),
+                    " tensor");
+        layout += bf16 ? 'b' : 'f';
+        for (int64_t d = 0; d < t.dim(); ++d) {
+          layout += (d == 0 ? "" : "x") + std::to_string(t.size(d));
+        }
+        layout += ' ';
+        (bf16 ? bfloat16 : float32).push_back(t.detach().reshape({-1}).clone());
       }
     }
-    out.push_back(g);
   }
-  return out;
-}
 
-List run(const Dict& seq, bool device_state) {
+  static at::Tensor joined(const std::vector<at::Tensor>& parts, at::ScalarType dtype) {
+    return parts.empty() ? at::empty({0}, dtype) : at::cat(parts);
+  }
+
+  void into(Dict& out) const {
+    out.insert("layout", layout);
+    out.insert("float32", joined(float32, at::kFloat));
+    out.insert("bfloat16", joined(bfloat16, at::kBFloat16));
+  }
+};
+
+Dict run(const Dict& seq, bool device_state) {
   const Dict cfg = at_key(seq, "cfg").toGenericDict();
   torchamp::GradScaler scaler(torchamp::GradScalerOptions()
                                   .device_state(device_state)
@@ -170,7 +201,8 @@ List run(const Dict& seq, bool device_state) {
     params.push_back(std::move(group));
   }
 
-  List trace = new_list();
+  List steps = new_list();
+  Packed packed;
   for (const IValue& step_v : items(at_key(seq, "steps"))) {
     const Dict step = step_v.toGenericDict();
     const List grads = at_key(step, "grads").toList();
@@ -188,7 +220,7 @@ List run(const Dict& seq, bool device_state) {
     for (const IValue& i : items(at_key(step, "step"))) {
       stepped.push_back(scaler.step(*opts[i.toInt()]).has_value());
     }
-    List grads_after = snapshot(params, /*grads=*/true);
+    packed.add(params, /*grads=*/true);
     const IValue& new_scale = at_key(step, "new_scale");
     if (new_scale.isNone()) {
       scaler.update();
@@ -204,10 +236,12 @@ List run(const Dict& seq, bool device_state) {
     rec.insert("scale", scaler.get_scale());
     rec.insert("growth_tracker", scaler.get_growth_tracker());
     rec.insert("stepped", stepped);
-    rec.insert("grads", grads_after);
-    rec.insert("params", snapshot(params, /*grads=*/false));
-    trace.push_back(rec);
+    packed.add(params, /*grads=*/false);
+    steps.push_back(rec);
   }
+  Dict trace = new_dict();
+  trace.insert("steps", steps);
+  packed.into(trace);
   return trace;
 }
 
@@ -222,15 +256,17 @@ int main(int argc, char** argv) {
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
                                 std::istreambuf_iterator<char>());
   const Dict spec = torch::pickle_load(bytes).toGenericDict();
-  // The scaler's state in tensors (GradScalerOptions().device_state): the
-  // path a CUDA scaler takes, with ATen's own AMP ops as Python's.
-  const bool device_state = spec.contains("device_state") && spec.at("device_state").toBool();
-  List traces = new_list();
-  for (const IValue& seq : items(at_key(spec, "sequences"))) {
-    traces.push_back(run(seq.toGenericDict(), device_state));
-  }
+  // Once with the scaler's state on the host, once in tensors
+  // (GradScalerOptions().device_state): the path a CUDA scaler takes, with
+  // ATen's own AMP ops as Python's.
   Dict out = new_dict();
-  out.insert("traces", traces);
+  for (const bool device_state : {false, true}) {
+    List traces = new_list();
+    for (const IValue& seq : items(at_key(spec, "sequences"))) {
+      traces.push_back(run(seq.toGenericDict(), device_state));
+    }
+    out.insert(device_state ? "device_state" : "host_state", traces);
+  }
   const std::vector<char> data = torch::pickle_save(out);
   std::ofstream(argv[2], std::ios::binary)
       .write(data.data(), static_cast<std::streamsize>(data.size()));
