@@ -2,9 +2,26 @@
 # (add_subdirectory, find_torch_first or fetchcontent; see its CMakeLists.txt),
 # LibTorch found through the parent's own CMAKE_PREFIX_PATH. Then checks that
 # the parent's install step installs nothing of torchamp.
+#
+# WORK is a folder whose path is the same in every clone (tests/CMakeLists.txt:
+# under TORCHAMP_SUBPROJECT_DIR, one a leg and way), and ROOT, the checkout,
+# is reached through a link there (WORK/torchamp): the unity sources CMake
+# writes #include their files by absolute path, and ccache reuses an object
+# only for the same text, so under the clone's own path a clone in another
+# folder compiled the library again (75 s a way on the debian leg). A lock
+# keeps two runs on one machine from sharing WORK; a passing run removes it.
+get_filename_component(parent "${WORK}" DIRECTORY)
+file(MAKE_DIRECTORY "${parent}")
+file(LOCK "${WORK}.lock" GUARD PROCESS TIMEOUT 1800)
+file(REMOVE "${WORK}/torchamp")  # the link itself, before the folder
 file(REMOVE_RECURSE "${WORK}")
-string(REPLACE "|" ";" prefix_path "${TORCH_PREFIX_PATH}")
-set(source "${ROOT}")
+file(MAKE_DIRECTORY "${WORK}")
+file(CREATE_LINK "${ROOT}" "${WORK}/torchamp" SYMBOLIC)
+# LibTorch through the link too where it lies in the checkout (the wheel's, in
+# .deps/), so that its -isystem paths are also the same in every clone.
+string(REPLACE "${ROOT}/" "${WORK}/torchamp/" prefix_path "${TORCH_PREFIX_PATH}")
+string(REPLACE "|" ";" prefix_path "${prefix_path}")
+set(source "${WORK}/torchamp")
 set(args "")
 # Each way builds the library afresh (ccache cannot match its objects with
 # the main build's: another config.h folder, other relative paths), so as a
@@ -46,3 +63,5 @@ file(GLOB_RECURSE installed "${WORK}/prefix/*")
 if(NOT rc EQUAL 0 OR installed)
   message(FATAL_ERROR "the parent's install step failed or installed torchamp: ${installed}")
 endif()
+file(REMOVE "${WORK}/torchamp")
+file(REMOVE_RECURSE "${WORK}")
