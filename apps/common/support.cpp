@@ -279,6 +279,19 @@ std::string cpu_half_precision_support() {
                        : "neither bfloat16 nor float16 matmuls native");
 }
 
+std::string slow_here(const std::string& mode, std::initializer_list<at::ScalarType> dtypes) {
+  for (const auto dtype : dtypes) {
+    if ((dtype == at::kBFloat16 || dtype == at::kHalf) && !torchamp::cpu_has_fast(dtype)) {
+      return mode + ": this CPU has no native " +
+             (dtype == at::kBFloat16 ? "bfloat16" : "float16") +
+             " matmuls, so ATen's run several times slower than float32's (4-5x a step in "
+             "both apps' modes on AVX2 and Zen 4 VMs): expect this mode to take far longer "
+             "than fp32\n";
+    }
+  }
+  return "";
+}
+
 std::string default_data(const std::string& name, const std::string& built) {
   std::error_code ec;
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);

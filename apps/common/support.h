@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -121,6 +122,11 @@ std::vector<std::string> names_of(const std::vector<T>& all) {
 /// or "AVX2 only: neither bfloat16 nor float16 matmuls native" (the flags of
 /// Linux's /proc/cpuinfo; torchamp::cpu_has_fast decides "native").
 std::string cpu_half_precision_support();
+
+/// Before a CPU mode whose matmuls run in one of `dtypes`: a line saying it
+/// will take far longer than float32 where this CPU has no native bfloat16 /
+/// float16 matmuls (torchamp::cpu_has_fast); empty otherwise.
+std::string slow_here(const std::string& mode, std::initializer_list<at::ScalarType> dtypes);
 
 /// The file an app reads without --data: the one installed beside the
 /// program (<prefix>/share/torchamp/<name>, for <prefix>/bin/<program>),

@@ -390,22 +390,6 @@ struct StepLog {
   }
 };
 
-// Before a mode that will run far slower than fp32 on this CPU: why.
-void say_if_slow(const Mode& m) {
-  if (m.device != c10::kCPU) {
-    return;
-  }
-  for (const auto dtype : {m.autocast.value_or(m.params), m.params}) {
-    if ((dtype == at::kBFloat16 || dtype == at::kHalf) && !torchamp::cpu_has_fast(dtype)) {
-      std::cout << m.name << ": this CPU has no native "
-                << (dtype == at::kBFloat16 ? "bfloat16" : "float16")
-                << " matmuls, so ATen's run several times slower than float32's (5x per step "
-                   "on an AVX2-only EPYC): expect this mode to take far longer than fp32\n";
-      return;
-    }
-  }
-}
-
 // Every rank's record of the weights each mode ended with (ranks/rank<r>.csv).
 void log_weights(const torchamp_apps::RunFolder& folder, int rank, const ModeResult& r) {
   torchamp_apps::RankLog log(folder.rank_log(rank), "mode,weights");
@@ -442,8 +426,9 @@ std::vector<std::string> train_modes(const Args& a, const Corpus& corpus, Runtim
       c.modes.size(), root,
       [&](int64_t i, const std::string& from) {
         const std::string& name = c.modes[static_cast<size_t>(i)];
-        if (root) {
-          say_if_slow(find_mode(name));
+        const Mode& m = find_mode(name);
+        if (root && m.device == c10::kCPU) {
+          std::cout << torchamp_apps::slow_here(name, {m.autocast.value_or(m.params), m.params});
         }
         StepLog log{c, root ? &folder.logs() : nullptr, progress, log_every};
         log.skipped = !from.empty() && root ? skips_so_far(folder, name) : 0;
