@@ -100,8 +100,25 @@ if [ "$distributed" = 1 ]; then
     fail "ddp_train without torchrun printed a stack trace or aborted"
   echo "ok: ddp_train without torchrun: the message and exit 2"
   if [ -n "$torchrun" ]; then
-    out=$(OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo "$torchrun" --standalone --nproc-per-node 2 \
-      --no-python "$work/ddp_train" 2>&1)
+    # Two free ports in a row below the ephemeral range, not --standalone's
+    # one: a LibTorch 1.13 rank 0 serves its own store on the next port
+    # (src/compat/compat.h), which a client socket of the agent's store could
+    # hold (seen once: "Address already in use").
+    port=$(python3 -c 'import socket
+for p in range(30700, 31700, 2):
+    ss = [socket.socket() for _ in range(2)]
+    try:
+        for s, q in zip(ss, (p, p + 1)):
+            s.bind(("127.0.0.1", q))
+        print(p)
+        break
+    except OSError:
+        pass
+    finally:
+        for s in ss:
+            s.close()')
+    out=$(OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo "$torchrun" --master-addr 127.0.0.1 \
+      --master-port "$port" --nproc-per-node 2 --no-python "$work/ddp_train" 2>&1)
     rc=$?
     echo "$out"
     [ $rc = 0 ] || fail "ddp_train under torchrun exited $rc"
