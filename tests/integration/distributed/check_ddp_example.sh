@@ -28,19 +28,7 @@ one=$(grep -o 'scale .*, weight sum .*' <<<"$out" | sort -u)
 
 # A free port for the rendezvous (and the next one, which a LibTorch 1.13
 # rank 0 serves its own store on: see src/compat/compat.h).
-port=$(python3 -c 'import socket
-for p in range(29600, 30600, 2):
-    try:
-        ss = [socket.socket() for _ in range(2)]
-        for s, q in zip(ss, (p, p + 1)):
-            s.bind(("127.0.0.1", q))
-        print(p)
-        break
-    except OSError:
-        pass
-    finally:
-        for s in ss:
-            s.close()')
+port=$(python3 "$(dirname "$0")/../tools/two_free_ports.py" 29600)
 node() {
   "$torchrun" --nnodes 2 --nproc-per-node 1 --node-rank "$1" --rdzv-backend c10d \
     --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "torchamp-$$" --no-python "$example" 2>&1

@@ -104,19 +104,7 @@ if [ "$distributed" = 1 ]; then
     # one: a LibTorch 1.13 rank 0 serves its own store on the next port
     # (src/compat/compat.h), which a client socket of the agent's store could
     # hold (seen once: "Address already in use").
-    port=$(python3 -c 'import socket
-for p in range(30700, 31700, 2):
-    ss = [socket.socket() for _ in range(2)]
-    try:
-        for s, q in zip(ss, (p, p + 1)):
-            s.bind(("127.0.0.1", q))
-        print(p)
-        break
-    except OSError:
-        pass
-    finally:
-        for s in ss:
-            s.close()')
+    port=$(python3 "$source/tests/integration/tools/two_free_ports.py" 30700)
     out=$(OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo "$torchrun" --master-addr 127.0.0.1 \
       --master-port "$port" --nproc-per-node 2 --no-python "$work/ddp_train" 2>&1)
     rc=$?
