@@ -458,12 +458,10 @@ void train_modes(const Config& config, const Dataset& train, const Dataset& test
   folder.run_modes<ModeResult>(
       config.modes.size(), root,
       [&](int64_t i, const std::string& from) {
-        const Mode& m = find_mode(config.modes[static_cast<size_t>(i)]);
-        if (root && !m.cuda) {  // the matmuls' dtype: autocast's (the params modes' are float32)
+        if (root) {
+          const Mode& m = find_mode(config.modes[static_cast<size_t>(i)]);
           std::cout << torchamp_apps::slow_here(m.name,
-                                                {m.bf16                          ? at::kBFloat16
-                                                 : m.fp16 && cpu_fp16_autocast() ? at::kHalf
-                                                                                 : at::kFloat});
+                                                {cpu_autocast_dtype(m).value_or(at::kFloat)});
         }
         return train_mode(i, train, test, config, hooks, from, parallel);
       },

@@ -264,6 +264,19 @@ bool cpu_fp16_autocast() {
   return torchamp::autocast::is_supported(torch::kCPU, torch::kHalf);
 }
 
+std::optional<at::ScalarType> cpu_autocast_dtype(const Mode& mode) {
+  if (mode.cuda) {
+    return std::nullopt;
+  }
+  if (mode.bf16) {
+    return at::kBFloat16;
+  }
+  if (mode.fp16 && cpu_fp16_autocast()) {
+    return at::kHalf;
+  }
+  return std::nullopt;
+}
+
 std::vector<std::string> known_modes() {
   return torchamp_apps::names_of(modes());
 }
@@ -341,7 +354,7 @@ class ModeRun {
         parallel_(parallel),
         mode_(find_mode(config.modes.at(static_cast<size_t>(mode_index)))),
         task_(find_task(config.task)),
-        fp16_autocast_(mode_.fp16 && cpu_fp16_autocast()),
+        fp16_autocast_(cpu_autocast_dtype(mode_) == at::kHalf),
         device_(mode_.cuda ? torch::kCUDA : torch::kCPU),
         rank_(parallel.rank()),
         sharded_(parallel.sharded()),

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,12 @@ const Mode& find_mode(const std::string& name);
 /// Whether the fp16 modes run under real CPU float16 autocast (LibTorch >=
 /// 2.2); otherwise they store activations in float16 between layers.
 bool cpu_fp16_autocast();
+
+/// The dtype a CPU mode's forward autocasts to, its matmuls' dtype: bfloat16
+/// for bf16+scaler, float16 for the fp16 modes under real float16 autocast;
+/// none for the others (float32 arithmetic: fp32, the <dtype>-params modes,
+/// fp16 before LibTorch 2.2) and the CUDA mode.
+std::optional<at::ScalarType> cpu_autocast_dtype(const Mode& mode);
 
 /// Every mode this build and machine run: the CPU ones (the default ones and
 /// the <dtype>-params modes), and cuda-fp16+scaler where the linked LibTorch
