@@ -36,10 +36,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from two_free_ports import two_free_ports  # noqa: E402
 
 APP, WORK = sys.argv[1], sys.argv[2]
 TORCHRUN = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None
@@ -55,18 +57,9 @@ def check(ok, what):
 
 
 def free_port():
-    # Two in a row: on LibTorch 1.13, rank 0 serves its own store at MASTER_PORT + 1
-    # under torchrun (src/compat/compat.h, kTcpStoreJoinsAgentStore).
-    for _ in range(50):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two free ports in a row")
+    # Two in a row (on LibTorch 1.13, rank 0 serves its own store at
+    # MASTER_PORT + 1 under torchrun), below the ephemeral range.
+    return two_free_ports(31000)
 
 
 def launch(world, args, name, rank_env=None, timeout=240, on_start=None):
