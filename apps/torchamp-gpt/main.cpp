@@ -259,7 +259,7 @@ void add_run_options(CLI::App& app, Args& a) {
   Config& c = a.config;
   app.add_flag("--checkpoint-layers", c.model.checkpoint_layers,
                "Activation checkpointing per block (torchamp::checkpoint): less memory, more time");
-  c.data = torchamp_apps::default_data("kjv.txt", TORCHAMP_GPT_DEFAULT_DATA);
+  c.data = torchamp_apps::default_data("kjv.txt", torchamp_apps::built_data_path());
   app.add_option("--data", c.data, "Text file to train on")->capture_default_str();
   torchamp_apps::add_run_options(app, a.run, c.deterministic);
   app.add_option("--threads", a.threads, "ATen's threads (0: its default)")

@@ -31,10 +31,6 @@
 #include <set>
 #include <sstream>
 
-#ifndef TORCHAMP_TRAIN_DEFAULT_DATA
-#define TORCHAMP_TRAIN_DEFAULT_DATA "data/digits.csv.gz"
-#endif
-
 namespace fs = std::filesystem;
 using namespace torchamp_train;
 
@@ -305,7 +301,7 @@ int parse(int argc, char** argv, Args& a) {
       "torchamp-train: mixed-precision training on the UCI handwritten digits, once per "
       "precision mode, comparing float32, float16 without and with loss scaling, and bfloat16."};
   Config& config = a.config;
-  config.data = torchamp_apps::default_data("digits.csv.gz", TORCHAMP_TRAIN_DEFAULT_DATA);
+  config.data = torchamp_apps::default_data("digits.csv.gz", torchamp_apps::built_data_path());
   config.modes = default_modes();
   int64_t seed = 0;
   add_training_options(app, config, seed);

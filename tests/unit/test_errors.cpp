@@ -20,6 +20,8 @@
 #include <map>
 #include <string>
 
+const char* torchamp_test_source_dir();  // source_dir.cpp
+
 namespace {
 
 using torchamp::GradScaler;
@@ -670,7 +672,7 @@ INSTANTIATE_TEST_SUITE_P(Rows, ErrorsTable, ::testing::Range<size_t>(0, rows().s
 
 // docs/errors.md holds the same rows: id, type and message text.
 TEST(ErrorsDoc, MatchesTheTestTable) {
-  std::ifstream doc(TORCHAMP_SOURCE_DIR "/docs/errors.md");
+  std::ifstream doc(std::string(torchamp_test_source_dir()) + "/docs/errors.md");
   ASSERT_TRUE(doc) << "docs/errors.md not found";
   // Rows look like: | E01 | `entry` | input | c10::ValueError | `message` |
   std::map<std::string, std::pair<std::string, std::string>> documented;
