@@ -62,22 +62,44 @@ torchamp_install_deps() {
 # torchamp_wheel_venv: scripts/test and scripts/demo share one venv.
 TORCHAMP_WHEEL=(2.13.0 clang-format==14.0.6)
 
-# A virtual environment with PyTorch VERSION from pip (the python3 on PATH),
-# in .deps/torch-VERSION; prints its directory. Its torch/ folder is a
-# complete C++ LibTorch. Extra pip requirements may follow the version.
+# A virtual environment with PyTorch VERSION from pip (the python3 on PATH);
+# prints its directory. Its torch/ folder is a complete C++ LibTorch. Extra
+# pip requirements may follow the version. It lives in the user's cache,
+# ${TORCHAMP_VENV_DIR:-${XDG_CACHE_HOME:-~/.cache}/torchamp/venv}/torch-VERSION-pyX.Y,
+# one for every checkout on the machine, and .deps/torch-VERSION links to it:
+# pip runs once a machine instead of once a clone (24 s), and LibTorch's
+# headers have one path in every clone, so a clone in another folder hits
+# ccache's direct mode (under the clone, their path differed per folder and
+# every file of the wheel leg ran the preprocessor again). A
+# .deps/torch-VERSION that is a folder (the layout before 2026-12-06) is
+# used as it is.
 torchamp_wheel_venv() {
   local version="$1"
   shift
-  local venv="$TORCHAMP_ROOT/.deps/torch-$version"
+  local link="$TORCHAMP_ROOT/.deps/torch-$version"
   local want="torch==$version $*"
-  if [ "$(cat "$venv/.torchamp-requirements" 2>/dev/null)" != "$want" ] ||
-    ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
-    echo "== pip: $want into ${venv#"$TORCHAMP_ROOT"/}" >&2
-    [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >&2
-    # shellcheck disable=SC2086
-    "$venv/bin/pip" install -q $want >&2
-    echo "$want" >"$venv/.torchamp-requirements"
+  local venv cache py
+  if [ -d "$link" ] && [ ! -L "$link" ]; then
+    venv=$link
+  else
+    cache=${XDG_CACHE_HOME:-${HOME:+$HOME/.cache}}
+    py=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    venv="${TORCHAMP_VENV_DIR:-${cache:-$TORCHAMP_ROOT/.deps}/torchamp/venv}/torch-$version-py$py"
   fi
+  mkdir -p "$(dirname "$venv")" "$(dirname "$link")"
+  # One pip at a time (two checkouts' scripts/test started together).
+  (
+    flock 9
+    if [ "$(cat "$venv/.torchamp-requirements" 2>/dev/null)" != "$want" ] ||
+      ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+      echo "== pip: $want into $venv" >&2
+      [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >&2
+      # shellcheck disable=SC2086
+      "$venv/bin/pip" install -q $want >&2
+      echo "$want" >"$venv/.torchamp-requirements"
+    fi
+  ) 9>"$venv.lock" || return 1
+  [ "$venv" = "$link" ] || ln -sfn "$venv" "$link"
   echo "$venv"
 }
 
