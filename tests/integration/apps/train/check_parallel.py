@@ -489,6 +489,11 @@ if README:
         env = dict(os.environ)
         for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(k, None)
+        # The command as written, its port from the environment (torchrun
+        # reads PET_MASTER_PORT): without one torchrun takes an ephemeral
+        # port, whose successor (a 1.13 rank 0's own store) another test's
+        # connection could hold (it failed so once, beside the other tests).
+        env["PET_MASTER_PORT"] = str(free_port())
         p = run_with_timeout(cmd, env, cwd=root)
         check(p.returncode == 0 and os.path.exists(os.path.join(out, "summary.csv")),
               f"README: {' '.join(words)}: exit {p.returncode}" +
