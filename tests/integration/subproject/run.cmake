@@ -4,12 +4,14 @@
 # the parent's install step installs nothing of torchamp.
 #
 # WORK is a folder whose path is the same in every clone (tests/CMakeLists.txt:
-# under TORCHAMP_SUBPROJECT_DIR, one a leg and way), and ROOT, the checkout,
-# is reached through a link there (WORK/torchamp): the unity sources CMake
-# writes #include their files by absolute path, and ccache reuses an object
-# only for the same text, so under the clone's own path a clone in another
-# folder compiled the library again (75 s a way on the debian leg). A lock
-# keeps two runs on one machine from sharing WORK; a passing run removes it.
+# under TORCHAMP_SUBPROJECT_DIR, one a leg and way, add_subdirectory and
+# find_torch_first sharing one in turn, so that the second hits the first's
+# objects), and ROOT, the checkout, is reached through a link there
+# (WORK/torchamp): the unity sources CMake writes #include their files by
+# absolute path, and ccache reuses an object only for the same text, so under
+# the clone's own path a clone in another folder compiled the library again
+# (75 s a way on the debian leg). A lock keeps two runs on one machine from
+# sharing WORK; a passing run removes it.
 get_filename_component(parent "${WORK}" DIRECTORY)
 file(MAKE_DIRECTORY "${parent}")
 file(LOCK "${WORK}.lock" GUARD PROCESS TIMEOUT 1800)
