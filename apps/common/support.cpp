@@ -118,7 +118,13 @@ double bytes_per_param(const torch::optim::Optimizer& optimizer,
   for (const auto& p : params) {
     elements += static_cast<double>(p.numel());
     add(p);
-    add(p.grad());
+    // The gradient a step holds, also when zero_grad() has freed it since
+    // (LibTorch 2.x sets it to None): the parameter's size and dtype.
+    if (p.grad().defined()) {
+      add(p.grad());
+    } else if (p.requires_grad()) {
+      bytes += static_cast<double>(p.nbytes());
+    }
   }
   for (const auto& kv : optimizer.state()) {
     const auto* state = kv.second.get();

@@ -30,7 +30,8 @@ double rss_mb();
 
 /// Bytes per parameter element of `params` with their gradients and
 /// `optimizer`'s state, summed over the tensors that exist (moments, momentum
-/// buffers, torchamp's master weights).
+/// buffers, torchamp's master weights); a trainable parameter's gradient
+/// counts at the parameter's size and dtype also when zero_grad() freed it.
 double bytes_per_param(const torch::optim::Optimizer& optimizer,
                        const std::vector<at::Tensor>& params);
 

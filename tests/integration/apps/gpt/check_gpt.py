@@ -85,12 +85,11 @@ def case_modes():
     check("fp32" in modes and "bf16" in modes and "bf16-params" in modes and "bf16-sr" in modes,
           "the CPU modes ran: %s" % modes)
     per_param = {r["mode"]: float(r["bytes_per_param"]) for r in rows(os.path.join(out, "summary.csv"))}
-    # After the run: the gradients are gone (zero_grad sets them to None), or zeroed and
-    # kept (LibTorch 1.13): 2 bytes more in both bfloat16 modes.
-    check(per_param["bf16-sr"] in (6.0, 8.0) and per_param["bf16-params"] - per_param["bf16-sr"] == 6,
-          "bytes a parameter after the run: bf16-sr 6 (parameter and two bfloat16 moments), "
-          "bf16-params 12 (float32 moments and the master's remainder), each + 2 where the "
-          "gradients stay: %s" % per_param)
+    # Parameter, gradient (counted also where zero_grad freed it) and optimizer state.
+    check(per_param["bf16-sr"] == 8.0 and per_param["bf16-params"] == 14.0
+          and per_param["fp32"] == 16.0,
+          "bytes a parameter: bf16-sr 8 (parameter, gradient and two bfloat16 moments), "
+          "bf16-params 14 (float32 moments and the master's remainder), fp32 16: %s" % per_param)
     for mode in modes:
         losses = [float(r["loss"]) for r in rows(os.path.join(out, "metrics.csv"), mode)]
         first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
