@@ -25,6 +25,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -179,25 +180,36 @@ Dict run(const Dict& seq, bool device_state) {
       group.push_back(p.toTensor().clone().set_requires_grad(true));
     }
     const Dict oc = opt_cfgs.get(o).toGenericDict();
-    if (oc.contains("kind") && oc.at("kind").toStringRef() == "adamw_fused") {
-      // ATen's _fused_adamw_ with the scaler's flag and scale, as Python's.
+    const std::string kind = at_key(oc, "kind").toStringRef();
+    // Python's fused=True ones: torchamp's on ATen's path (_fused_adamw_,
+    // _fused_adam_, _fused_sgd_ with the scaler's flag and scale, as Python's).
+    const auto aten = torchamp::optim::FusedOptions().aten_kernels(true);
+    if (kind == "adamw_fused" || kind == "adam_fused") {
       const List betas = at_key(oc, "betas").toList();
-      opts.push_back(std::make_unique<torchamp::optim::AdamW>(
-          group,
-          torch::optim::AdamWOptions(num(at_key(oc, "lr")))
-              .betas({num(betas.get(0)), num(betas.get(1))})
-              .weight_decay(num(at_key(oc, "weight_decay")))
-              .amsgrad(at_key(oc, "amsgrad").toBool()),
-          torchamp::optim::FusedOptions().aten_kernels(true)));
-      params.push_back(std::move(group));
-      continue;
+      const std::tuple<double, double> b{num(betas.get(0)), num(betas.get(1))};
+      const double lr = num(at_key(oc, "lr")), decay = num(at_key(oc, "weight_decay"));
+      const bool amsgrad = at_key(oc, "amsgrad").toBool();
+      if (kind == "adamw_fused") {
+        opts.push_back(std::make_unique<torchamp::optim::AdamW>(
+            group, torch::optim::AdamWOptions(lr).betas(b).weight_decay(decay).amsgrad(amsgrad),
+            aten));
+      } else {
+        opts.push_back(std::make_unique<torchamp::optim::Adam>(
+            group, torch::optim::AdamOptions(lr).betas(b).weight_decay(decay).amsgrad(amsgrad),
+            aten));
+      }
+    } else {
+      const auto sgd = torch::optim::SGDOptions(num(at_key(oc, "lr")))
+                           .momentum(num(at_key(oc, "momentum")))
+                           .dampening(num(at_key(oc, "dampening")))
+                           .weight_decay(num(at_key(oc, "weight_decay")))
+                           .nesterov(at_key(oc, "nesterov").toBool());
+      if (kind == "sgd_fused") {
+        opts.push_back(std::make_unique<torchamp::optim::SGD>(group, sgd, aten));
+      } else {
+        opts.push_back(std::make_unique<PythonSGD>(group, sgd));
+      }
     }
-    opts.push_back(
-        std::make_unique<PythonSGD>(group, torch::optim::SGDOptions(num(at_key(oc, "lr")))
-                                               .momentum(num(at_key(oc, "momentum")))
-                                               .dampening(num(at_key(oc, "dampening")))
-                                               .weight_decay(num(at_key(oc, "weight_decay")))
-                                               .nesterov(at_key(oc, "nesterov").toBool())));
     params.push_back(std::move(group));
   }
 
