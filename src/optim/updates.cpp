@@ -49,11 +49,33 @@ void check_arg(const at::Tensor& t, const char* name) {
                     "; nothing was changed.");
 }
 
+// A flag or scale off the CPU must live where a parameter does (a scaler
+// keeps its state on the gradients' device): one elsewhere would be copied
+// to the parameters' device at every step, and under a CUDA graph the copy
+// is not what the user meant.
+void check_arg_device(const torch::optim::Optimizer& opt, const at::Tensor& t, const char* name) {
+  if (!t.defined() || t.is_cpu()) {
+    return;
+  }
+  for (const auto& group : opt.param_groups()) {
+    for (const at::Tensor& p : group.params()) {
+      if (p.device() == t.device()) {
+        return;
+      }
+    }
+  }
+  TORCH_CHECK_VALUE(false, "torchamp::optim: AmpStepArgs::", name, " lives on ", t.device(),
+                    ", where none of the optimizer's parameters does (a scaler keeps its state "
+                    "on the gradients' device); nothing was changed.");
+}
+
 // `keep`: a CPU flag is kept as a tensor too (FusedOptions().aten_kernels:
 // the CPU runs what CUDA runs).
-StepFlags read_flags(const AmpStepArgs& args, bool keep) {
+StepFlags read_flags(const torch::optim::Optimizer& opt, const AmpStepArgs& args, bool keep) {
   check_arg(args.found_inf_tensor, "found_inf_tensor");
   check_arg(args.grad_scale_tensor, "grad_scale_tensor");
+  check_arg_device(opt, args.found_inf_tensor, "found_inf_tensor");
+  check_arg_device(opt, args.grad_scale_tensor, "grad_scale_tensor");
   TORCH_CHECK_VALUE(args.found_inf_tensor.defined() || !args.grad_scale_tensor.defined(),
                     "torchamp::optim: AmpStepArgs::grad_scale_tensor without found_inf_tensor; "
                     "nothing was changed.");
@@ -334,7 +356,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
   MasterWeights& masters = f.masters;
   StochasticRounding& rounding = f.rounding;
   StepCache::Plan& plan = ready_plan<State>(opt, f.cache, masters, f.rules(), adam_tensors<State>);
-  StepFlags flags = read_flags(args, f.aten_on_cpu);
+  StepFlags flags = read_flags(opt, args, f.aten_on_cpu);
   if (flags.found_on_device.defined() && any_cpu_job(plan, f.aten_on_cpu)) {
     read_for_cpu_jobs(flags);
   }
@@ -466,7 +488,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
   StochasticRounding& rounding = f.rounding;
   StepCache::Plan& plan =
       ready_plan<torch::optim::SGDParamState>(opt, f.cache, masters, f.rules(), sgd_tensors);
-  StepFlags flags = read_flags(args, f.aten_on_cpu);
+  StepFlags flags = read_flags(opt, args, f.aten_on_cpu);
   if (flags.found_on_device.defined() &&
       (any_cpu_job(plan, f.aten_on_cpu) || new_momentum_buffers(opt, plan))) {
     // A new momentum buffer takes the first direction only if the step is

@@ -25,6 +25,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <memory>
@@ -82,13 +83,13 @@ class HostReads {
 std::atomic<int> HostReads::count_{0};
 thread_local int HostReads::inside_ = 0;
 
-std::vector<at::Tensor> make_params() {
+std::vector<at::Tensor> make_params(at::ScalarType dtype = at::kFloat) {
   torch::manual_seed(3);
   std::vector<at::Tensor> ps;
   for (int64_t n : {1, 17, 300}) {
-    ps.push_back(torch::randn({n}));
+    ps.push_back(torch::randn({n}).to(dtype));
   }
-  ps.push_back(torch::randn({12, 10}));
+  ps.push_back(torch::randn({12, 10}).to(dtype));
   return ps;
 }
 
@@ -98,7 +99,7 @@ auto key_of(const Opt& opt, const at::Tensor& p) {
 }
 
 at::Tensor bits(const at::Tensor& t) {
-  return t.contiguous().view(at::kInt);
+  return t.contiguous().view(t.element_size() == 2 ? at::kShort : at::kInt);
 }
 
 // One scaler and optimizer over its own copy of the parameters.
@@ -108,26 +109,33 @@ struct Training {
   Opt opt;
   GradScaler scaler;
   template <class Options>
-  Training(const Options& options, FusedOptions fused, GradScalerOptions scaler_options)
-      : params(make_params()), opt(params, options, fused), scaler(scaler_options) {}
+  Training(const Options& options, FusedOptions fused, GradScalerOptions scaler_options,
+           at::ScalarType dtype = at::kFloat)
+      : params(make_params(dtype)), opt(params, options, fused), scaler(scaler_options) {}
 };
 
 // The host scaler against the device scaler, both over ATen's path (which
-// keeps the device scaler's flag on the device: no read), for
-// `steps` iterations with overflows, clipping every third and unscale_
-// every fifth: the same skips, scale, trackers, parameters and step counts.
+// keeps the device scaler's flag on the device: no read), for 200
+// iterations with overflows, clipping every third and unscale_ every fifth:
+// the same skips, scale, trackers, parameters and step counts. bfloat16
+// parameters train with master weights (ATen's path: float32 masters
+// updated by ATen's fused ops). The device scaler's iterations read nothing
+// back after the first (whose SGD momentum buffers read the flag once) but
+// clip_grad_norm_'s norm, counted.
 template <class Opt, class Options>
-void device_equals_host(const Options& options, GradScalerOptions scaler_options,
-                        const char* what) {
+void device_equals_host(const Options& options, GradScalerOptions scaler_options, const char* what,
+                        at::ScalarType dtype = at::kFloat) {
   SCOPED_TRACE(what);
-  Training<Opt> host(options, FusedOptions().aten_kernels(true), scaler_options);
-  Training<Opt> dev(options, FusedOptions().aten_kernels(true), scaler_options.device_state(true));
-  int skipped = 0;
+  const auto fused = FusedOptions().aten_kernels(true).master_weights(dtype != at::kFloat);
+  Training<Opt> host(options, fused, scaler_options, dtype);
+  Training<Opt> dev(options, fused, scaler_options.device_state(true), dtype);
+  int skipped = 0, reads = 0, expected_reads = 0;
   for (int s = 0; s < 200; ++s) {
     torch::manual_seed(500 + s);
     const bool overflow = s % 11 == 4 || s % 37 == 5;
     for (size_t i = 0; i < host.params.size(); ++i) {
-      at::Tensor g = torch::randn(host.params[i].sizes()) * host.scaler.get_scale() * 1e-2;
+      at::Tensor g =
+          (torch::randn(host.params[i].sizes()) * host.scaler.get_scale() * 1e-2).to(dtype);
       if (overflow && i == 1) {
         g[2] = s % 2 ? std::numeric_limits<float>::infinity()
                      : std::numeric_limits<float>::quiet_NaN();
@@ -135,24 +143,41 @@ void device_equals_host(const Options& options, GradScalerOptions scaler_options
       host.params[i].mutable_grad() = g;
       dev.params[i].mutable_grad() = g.clone();
     }
+    std::optional<HostReads> counting;  // the device scaler's calls, from the second iteration
+    if (s > 0) {
+      counting.emplace();
+    }
+    double a = 0, b = 0;
+    at::Tensor b_tensor;
     if (s % 3 == 1) {
-      const double a = host.scaler.clip_grad_norm_(host.opt, 0.3);
+      a = host.scaler.clip_grad_norm_(host.opt, 0.3);
       // Every other clip through the tensor form: the same norm, as a tensor.
-      const double b =
-          s % 2 ? dev.scaler.clip_grad_norm_(dev.opt, 0.3)
-                : dev.scaler.clip_grad_norm_tensor_(dev.opt, 0.3).template item<double>();
-      ASSERT_TRUE(a == b || (std::isnan(a) && std::isnan(b)))
-          << "step " << s << ": " << a << " vs " << b;
+      if (s % 2) {
+        b = dev.scaler.clip_grad_norm_(dev.opt, 0.3);  // returns a double: one read
+        expected_reads += s > 0 ? 1 : 0;
+      } else {
+        b_tensor = dev.scaler.clip_grad_norm_tensor_(dev.opt, 0.3);
+      }
     } else if (s % 5 == 2) {
       host.scaler.unscale_(host.opt);
       dev.scaler.unscale_(dev.opt);
     }
     const bool stepped = host.scaler.step(host.opt).has_value();
-    ASSERT_EQ(stepped, dev.scaler.step(dev.opt).has_value()) << "step " << s;
-    ASSERT_EQ(stepped, !overflow) << "step " << s;
-    skipped += stepped ? 0 : 1;
+    torchamp::StepResult dev_result = dev.scaler.step(dev.opt);
     host.scaler.update();
     dev.scaler.update();
+    if (counting) {
+      reads += counting->count();
+      counting.reset();
+    }
+    if (b_tensor.defined()) {
+      b = b_tensor.template item<double>();
+    }
+    ASSERT_TRUE(a == b || (std::isnan(a) && std::isnan(b)))
+        << "step " << s << ": " << a << " vs " << b;
+    ASSERT_EQ(stepped, dev_result.has_value()) << "step " << s;
+    ASSERT_EQ(stepped, !overflow) << "step " << s;
+    skipped += stepped ? 0 : 1;
     ASSERT_EQ(host.scaler.get_scale(), dev.scaler.get_scale()) << "step " << s;
     ASSERT_EQ(host.scaler.get_growth_tracker(), dev.scaler.get_growth_tracker()) << "step " << s;
     ASSERT_EQ(host.scaler.get_backoff_tracker(), dev.scaler.get_backoff_tracker()) << "step " << s;
@@ -162,9 +187,15 @@ void device_equals_host(const Options& options, GradScalerOptions scaler_options
       ASSERT_TRUE(bits(host.params[i]).equal(bits(dev.params[i])))
           << "step " << s << " parameter " << i << " differs by "
           << (host.params[i] - dev.params[i]).abs().max().template item<double>();
+      if (dtype != at::kFloat && host.opt.master_weight(host.params[i]).defined()) {
+        ASSERT_TRUE(bits(host.opt.master_weight(host.params[i]))
+                        .equal(bits(dev.opt.master_weight(dev.params[i]))))
+            << "step " << s << " master of parameter " << i;
+      }
     }
   }
   EXPECT_GT(skipped, 10);
+  EXPECT_EQ(reads, expected_reads) << "host reads in the device scaler's iterations 1-199";
   // The state: moments the same bits, and the step counts the device kept
   // (brought back to the state, as save does).
   dev.opt.fused_step_counts_to_host();
@@ -213,6 +244,12 @@ TEST(DeviceState, EqualsTheHostScalerStepForStep) {
       torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true), pytorch, "SGD nesterov");
   device_equals_host<torchamp::optim::SGD>(torch::optim::SGDOptions(1e-2), paddle,
                                            "SGD, Paddle's rule");
+  // bfloat16 parameters with float32 master weights on ATen's path.
+  device_equals_host<torchamp::optim::AdamW>(torch::optim::AdamWOptions(1e-3).weight_decay(0.1),
+                                             pytorch, "AdamW, bfloat16 with masters",
+                                             at::kBFloat16);
+  device_equals_host<torchamp::optim::SGD>(torch::optim::SGDOptions(1e-2).momentum(0.9), paddle,
+                                           "SGD momentum, bfloat16 with masters", at::kBFloat16);
 }
 
 // An optimizer that does not take the scale: Python's _maybe_opt_step reads
@@ -381,6 +418,15 @@ TEST(DeviceState, BadDeviceArgumentsAreTypedErrorsThatChangeNothing) {
     scale_alone.grad_scale_tensor = torch::ones({});
     torchamp_test::expect_throws<c10::ValueError>([&] { opt.amp_step(scale_alone); },
                                                   "grad_scale_tensor without found_inf_tensor");
+    torchamp::AmpStepArgs elsewhere;  // on a device none of the parameters lives on
+    elsewhere.found_inf_tensor = torch::zeros({}, at::TensorOptions().device(at::kMeta));
+    torchamp_test::expect_throws<c10::ValueError>(
+        [&] { opt.amp_step(elsewhere); },
+        "AmpStepArgs::found_inf_tensor lives on meta, where none of the optimizer's parameters");
+    elsewhere.found_inf_tensor = torch::zeros({});
+    elsewhere.grad_scale_tensor = torch::ones({}, at::TensorOptions().device(at::kMeta));
+    torchamp_test::expect_throws<c10::ValueError>([&] { opt.amp_step(elsewhere); },
+                                                  "AmpStepArgs::grad_scale_tensor lives on meta");
     EXPECT_TRUE(p.equal(before));
     EXPECT_TRUE(opt.state().empty());
     torchamp::AmpStepArgs good;  // and then a good one steps
@@ -388,6 +434,64 @@ TEST(DeviceState, BadDeviceArgumentsAreTypedErrorsThatChangeNothing) {
     opt.amp_step(good);
     EXPECT_FALSE(p.equal(before));
   }
+}
+
+// A user's optimizer written against the hook before it took tensors
+// (takes_device_args() false): under a device scaler it gets the flag and
+// the scale as host values (the scaler reads them back, one read a step)
+// and steps as under the host scaler.
+class OldHookSGD : public torch::optim::SGD, public torchamp::StepSupportsAmpScaling {
+ public:
+  using torch::optim::SGD::SGD;
+  bool supports_amp_scaling() const override { return true; }
+  void amp_step(const torchamp::AmpStepArgs& args) override {
+    EXPECT_FALSE(args.found_inf_tensor.defined());
+    EXPECT_FALSE(args.grad_scale_tensor.defined());
+    calls.push_back(args.found_inf);
+    if (args.found_inf) {
+      return;
+    }
+    if (args.grad_scale) {
+      at::NoGradGuard no_grad;
+      for (auto& p : param_groups()[0].params()) {
+        p.mutable_grad().div_(*args.grad_scale);
+      }
+    }
+    step();
+  }
+  std::vector<bool> calls;
+};
+
+TEST(DeviceState, AnOptimizerOnTheOldHookStepsAsUnderTheHostScaler) {
+  const auto options = GradScalerOptions().init_scale(512).growth_interval(3);
+  std::vector<at::Tensor> a = make_params(), b = make_params();
+  OldHookSGD host_opt(a, torch::optim::SGDOptions(0.05).momentum(0.9));
+  OldHookSGD dev_opt(b, torch::optim::SGDOptions(0.05).momentum(0.9));
+  GradScaler host(options), dev(GradScalerOptions(options).device_state(true));
+  for (int s = 0; s < 40; ++s) {
+    torch::manual_seed(900 + s);
+    for (size_t i = 0; i < a.size(); ++i) {
+      at::Tensor g = torch::randn(a[i].sizes()) * host.get_scale();
+      if (s % 6 == 4 && i == 2) {
+        g[1] = std::numeric_limits<float>::infinity();
+      }
+      a[i].mutable_grad() = g;
+      b[i].mutable_grad() = g.clone();
+    }
+    if (s % 4 == 1) {  // then no scale is passed: the gradients are real already
+      host.unscale_(host_opt);
+      dev.unscale_(dev_opt);
+    }
+    ASSERT_EQ(host.step(host_opt).has_value(), dev.step(dev_opt).has_value()) << "step " << s;
+    host.update();
+    dev.update();
+    ASSERT_EQ(host.get_scale(), dev.get_scale()) << "step " << s;
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_TRUE(bits(a[i]).equal(bits(b[i]))) << "step " << s << " parameter " << i;
+    }
+  }
+  EXPECT_EQ(host_opt.calls, dev_opt.calls);
+  EXPECT_EQ(std::count(dev_opt.calls.begin(), dev_opt.calls.end(), true), 6);  // s % 6 == 4
 }
 
 // A device scaler finds the non-finite gradients when asked.
