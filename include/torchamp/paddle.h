@@ -37,21 +37,23 @@ class GradScaler {
   /// argument for: init_loss_scaling not finite > 0 (as float32); incr_ratio
   /// not > 1; decr_ratio not in (0, 1); incr_every_n_steps or
   /// decr_every_n_nan_or_inf < 1 (also when disabled, where Paddle checks
-  /// nothing).
+  /// nothing). `device_state` is torchamp's, as
+  /// `GradScalerOptions::device_state`: the state in tensors also on the CPU
+  /// (for tests and parity; CUDA gradients put it on their device anyway).
   explicit GradScaler(bool enable = true, double init_loss_scaling = 32768.0,
                       double incr_ratio = 2.0, double decr_ratio = 0.5,
                       int64_t incr_every_n_steps = 1000, int64_t decr_every_n_nan_or_inf = 2,
-                      bool use_dynamic_loss_scaling = true);
+                      bool use_dynamic_loss_scaling = true, bool device_state = false);
 
   /// `var * scale` (dtype and device kept); disabled: `var` itself.
   at::Tensor scale(const at::Tensor& var) { return core_.scale(var); }
   /// As torchamp::GradScaler::unscale_, but float16 gradients are unscaled
   /// too, as Paddle's `_unscale` does (float32 multiply, rounded once).
   void unscale_(torch::optim::Optimizer& optimizer) { core_.unscale_(optimizer); }
-  /// As torchamp::GradScaler::step: `nullopt` when skipped.
-  std::optional<at::Tensor> step(torch::optim::Optimizer& optimizer) {
-    return core_.step(optimizer);
-  }
+  /// As torchamp::GradScaler::step: without a value when skipped (a
+  /// `StepResult`, which converts to `std::optional<at::Tensor>`; with the
+  /// state on a device it reads the flag back only when asked).
+  StepResult step(torch::optim::Optimizer& optimizer) { return core_.step(optimizer); }
   /// Updates the scale (Paddle's hysteresis) and returns every optimizer to
   /// ready. Throws `c10::Error` if no gradient was checked since the last
   /// update. Disabled: does nothing.
@@ -59,9 +61,8 @@ class GradScaler {
   /// `step(optimizer)` then `update()`; returns what step returned. Paddle's
   /// `minimize(optimizer, scaled_loss)` form is accepted too; the loss is not
   /// needed (the gradients already hold it).
-  std::optional<at::Tensor> minimize(torch::optim::Optimizer& optimizer);
-  std::optional<at::Tensor> minimize(torch::optim::Optimizer& optimizer,
-                                     const at::Tensor& scaled_loss);
+  StepResult minimize(torch::optim::Optimizer& optimizer);
+  StepResult minimize(torch::optim::Optimizer& optimizer, const at::Tensor& scaled_loss);
 
   bool is_enable() const { return core_.is_enabled(); }
   /// false when disabled, as Paddle.

@@ -12,7 +12,8 @@ namespace {
 // Paddle's arguments validated under Paddle's names, then mapped.
 GradScalerOptions paddle_options(bool enable, double init_loss_scaling, double incr_ratio,
                                  double decr_ratio, int64_t incr_every_n_steps,
-                                 int64_t decr_every_n_nan_or_inf, bool use_dynamic_loss_scaling) {
+                                 int64_t decr_every_n_nan_or_inf, bool use_dynamic_loss_scaling,
+                                 bool device_state) {
   ScaleSchedule::check_scale(init_loss_scaling, "init_loss_scaling");
   ScaleSchedule::check_growth_factor(incr_ratio, "incr_ratio");
   ScaleSchedule::check_backoff_factor(decr_ratio, "decr_ratio");
@@ -29,25 +30,26 @@ GradScalerOptions paddle_options(bool enable, double init_loss_scaling, double i
       // Paddle's _unscale takes float16 gradients (of float16 parameters,
       // O2): multiplied in float32 by the float32 inverse scale and rounded
       // once, as its check_finite_and_unscale kernel.
-      .unscale_float16(true);
+      .unscale_float16(true)
+      .device_state(device_state);
 }
 
 }  // namespace
 
 GradScaler::GradScaler(bool enable, double init_loss_scaling, double incr_ratio, double decr_ratio,
                        int64_t incr_every_n_steps, int64_t decr_every_n_nan_or_inf,
-                       bool use_dynamic_loss_scaling)
+                       bool use_dynamic_loss_scaling, bool device_state)
     : core_(paddle_options(enable, init_loss_scaling, incr_ratio, decr_ratio, incr_every_n_steps,
-                           decr_every_n_nan_or_inf, use_dynamic_loss_scaling)) {}
+                           decr_every_n_nan_or_inf, use_dynamic_loss_scaling, device_state)) {}
 
-std::optional<at::Tensor> GradScaler::minimize(torch::optim::Optimizer& optimizer) {
-  auto result = core_.step(optimizer);
+StepResult GradScaler::minimize(torch::optim::Optimizer& optimizer) {
+  StepResult result = core_.step(optimizer);
   core_.update();
   return result;
 }
 
-std::optional<at::Tensor> GradScaler::minimize(torch::optim::Optimizer& optimizer,
-                                               const at::Tensor& /*scaled_loss*/) {
+StepResult GradScaler::minimize(torch::optim::Optimizer& optimizer,
+                                const at::Tensor& /*scaled_loss*/) {
   return minimize(optimizer);
 }
 

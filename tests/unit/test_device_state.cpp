@@ -10,6 +10,7 @@
 #include <torchamp/config.h>  // TORCHAMP_WITH_CUDA
 #include <torchamp/grad_scaler.h>
 #include <torchamp/optim.h>
+#include <torchamp/paddle.h>
 
 #include "compat/compat.h"  // kAtenFusedOptimizers, optim_state_key
 
@@ -250,6 +251,74 @@ TEST(DeviceState, EqualsTheHostScalerStepForStep) {
                                              at::kBFloat16);
   device_equals_host<torchamp::optim::SGD>(torch::optim::SGDOptions(1e-2).momentum(0.9), paddle,
                                            "SGD momentum, bfloat16 with masters", at::kBFloat16);
+}
+
+// Paddle's facade with its state in tensors (the path CUDA gradients take),
+// over ATen's path: minimize() reads nothing back (its StepResult reads when
+// asked), and its scales, counters, skips and parameters are the host
+// facade's step for step, runs of two overflows backing off (Paddle's
+// decr_every_n_nan_or_inf = 2) and lone ones not.
+TEST(DeviceState, PaddleFacadeEqualsItsHostScheduleStepForStep) {
+  SKIP_WITHOUT_ATEN_FUSED_OPS();
+  for (bool adamw : {true, false}) {
+    SCOPED_TRACE(adamw ? "AdamW" : "SGD momentum");
+    torchamp::paddle::GradScaler host(true, 1024, 2.0, 0.5, 10, 2);
+    torchamp::paddle::GradScaler dev(true, 1024, 2.0, 0.5, 10, 2, true, /*device_state=*/true);
+    std::vector<at::Tensor> a = make_params(), b = make_params();
+    auto make = [adamw](std::vector<at::Tensor>& ps) -> std::unique_ptr<torch::optim::Optimizer> {
+      const auto aten = FusedOptions().aten_kernels(true);
+      if (adamw) {
+        return std::make_unique<torchamp::optim::AdamW>(ps, torch::optim::AdamWOptions(1e-3), aten);
+      }
+      return std::make_unique<torchamp::optim::SGD>(
+          ps, torch::optim::SGDOptions(1e-2).momentum(0.9), aten);
+    };
+    auto host_opt = make(a);
+    auto dev_opt = make(b);
+    int reads = 0, skipped = 0, backoffs = 0;
+    for (int s = 0; s < 200; ++s) {
+      torch::manual_seed(700 + s);
+      const bool overflow = s % 13 == 5 || s % 13 == 6 || s % 29 == 3;
+      for (size_t i = 0; i < a.size(); ++i) {
+        at::Tensor g = torch::randn(a[i].sizes()) * host.get_scale() * 1e-2;
+        if (overflow && i == 1) {
+          g[0] = std::numeric_limits<float>::infinity();
+        }
+        a[i].mutable_grad() = g;
+        b[i].mutable_grad() = g.clone();
+      }
+      const double scale_before = host.get_scale();
+      std::optional<HostReads> counting;  // from the second iteration (SGD's buffers read once)
+      if (s > 0) {
+        counting.emplace();
+      }
+      if (s % 4 == 2) {
+        host.unscale_(*host_opt);
+        dev.unscale_(*dev_opt);
+      }
+      const bool stepped = host.minimize(*host_opt).has_value();
+      const torchamp::StepResult result = dev.minimize(*dev_opt);
+      if (counting) {
+        reads += counting->count();
+        counting.reset();
+      }
+      ASSERT_EQ(stepped, result.has_value()) << "step " << s;
+      ASSERT_EQ(stepped, !overflow) << "step " << s;
+      skipped += stepped ? 0 : 1;
+      backoffs += host.get_scale() < scale_before ? 1 : 0;
+      ASSERT_EQ(host.get_scale(), dev.get_scale()) << "step " << s;
+      ASSERT_EQ(host.get_incr_count(), dev.get_incr_count()) << "step " << s;
+      ASSERT_EQ(host.get_decr_count(), dev.get_decr_count()) << "step " << s;
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_TRUE(bits(a[i]).equal(bits(b[i]))) << "step " << s << " parameter " << i;
+      }
+    }
+    EXPECT_EQ(reads, 0) << "host reads in the device facade's iterations 1-199";
+    EXPECT_GT(skipped, 30);
+    EXPECT_GE(backoffs, 10);  // the runs of two, not the lone overflows
+    EXPECT_LT(backoffs, skipped);
+    EXPECT_EQ(host.state_dict(), dev.state_dict());
+  }
 }
 
 // An optimizer that does not take the scale: Python's _maybe_opt_step reads
