@@ -144,14 +144,22 @@ void device_equals_host(const Options& options, GradScalerOptions scaler_options
       host.params[i].mutable_grad() = g;
       dev.params[i].mutable_grad() = g.clone();
     }
-    std::optional<HostReads> counting;  // the device scaler's calls, from the second iteration
+    // The host scaler's iteration, then the device scaler's, whose host
+    // reads are counted from the second iteration on.
+    double a = 0, b = 0;
+    if (s % 3 == 1) {
+      a = host.scaler.clip_grad_norm_(host.opt, 0.3);
+    } else if (s % 5 == 2) {
+      host.scaler.unscale_(host.opt);
+    }
+    const bool stepped = host.scaler.step(host.opt).has_value();
+    host.scaler.update();
+    std::optional<HostReads> counting;
     if (s > 0) {
       counting.emplace();
     }
-    double a = 0, b = 0;
     at::Tensor b_tensor;
     if (s % 3 == 1) {
-      a = host.scaler.clip_grad_norm_(host.opt, 0.3);
       // Every other clip through the tensor form: the same norm, as a tensor.
       if (s % 2) {
         b = dev.scaler.clip_grad_norm_(dev.opt, 0.3);  // returns a double: one read
@@ -160,12 +168,9 @@ void device_equals_host(const Options& options, GradScalerOptions scaler_options
         b_tensor = dev.scaler.clip_grad_norm_tensor_(dev.opt, 0.3);
       }
     } else if (s % 5 == 2) {
-      host.scaler.unscale_(host.opt);
       dev.scaler.unscale_(dev.opt);
     }
-    const bool stepped = host.scaler.step(host.opt).has_value();
-    torchamp::StepResult dev_result = dev.scaler.step(dev.opt);
-    host.scaler.update();
+    const torchamp::StepResult dev_result = dev.scaler.step(dev.opt);
     dev.scaler.update();
     if (counting) {
       reads += counting->count();
@@ -288,15 +293,17 @@ TEST(DeviceState, PaddleFacadeEqualsItsHostScheduleStepForStep) {
         b[i].mutable_grad() = g.clone();
       }
       const double scale_before = host.get_scale();
+      if (s % 4 == 2) {
+        host.unscale_(*host_opt);
+      }
+      const bool stepped = host.minimize(*host_opt).has_value();
       std::optional<HostReads> counting;  // from the second iteration (SGD's buffers read once)
       if (s > 0) {
         counting.emplace();
       }
       if (s % 4 == 2) {
-        host.unscale_(*host_opt);
         dev.unscale_(*dev_opt);
       }
-      const bool stepped = host.minimize(*host_opt).has_value();
       const torchamp::StepResult result = dev.minimize(*dev_opt);
       if (counting) {
         reads += counting->count();
