@@ -101,7 +101,7 @@ def make_sequence(rng):
             # Python's fused SGD with momentum cannot take a gradient that
             # comes later than the others' (a momentum buffer list of tensors
             # and None: _fused_sgd_ raises TypeError in 2.13): every one, always.
-            always = o["kind"] == "sgd_fused" and o["momentum"] > 0
+            always = is_fused_sgd_with_momentum(o)
             g_list = []
             for p in group:
                 if not always and rng.random() < 0.1:
