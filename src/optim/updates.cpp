@@ -39,22 +39,21 @@ float read_float(const at::Tensor& t) {
   return t.is_cpu() ? *static_cast<const float*>(t.data_ptr()) : t.item<float>();
 }
 
-// A flag or scale tensor as ATen's fused ops take it: float32, one element.
-void check_arg(const at::Tensor& t, const char* name) {
-  TORCH_CHECK_VALUE(!t.defined() || (t.scalar_type() == at::kFloat && t.numel() == 1),
-                    "torchamp::optim: AmpStepArgs::", name,
-                    " must be a float32 tensor of one element (as ATen's fused optimizer ops "
-                    "take it), got ",
-                    t.scalar_type(), " with ", t.numel(), " elements on ", t.device(),
-                    "; nothing was changed.");
-}
-
-// A flag or scale off the CPU must live where a parameter does (a scaler
-// keeps its state on the gradients' device): one elsewhere would be copied
-// to the parameters' device at every step, and under a CUDA graph the copy
-// is not what the user meant.
-void check_arg_device(const torch::optim::Optimizer& opt, const at::Tensor& t, const char* name) {
-  if (!t.defined() || t.is_cpu()) {
+// A flag or scale tensor as ATen's fused ops take it: float32, one element,
+// on the CPU or where a parameter lives (a scaler keeps its state on the
+// gradients' device): one elsewhere would be copied to the parameters'
+// device at every step, and under a CUDA graph the copy is not what the
+// user meant.
+void check_arg(const torch::optim::Optimizer& opt, const at::Tensor& t, const char* name) {
+  if (!t.defined()) {
+    return;
+  }
+  TORCH_CHECK_VALUE(
+      t.scalar_type() == at::kFloat && t.numel() == 1, "torchamp::optim: AmpStepArgs::", name,
+      " must be a float32 tensor of one element (as ATen's fused optimizer ops "
+      "take it), got ",
+      t.scalar_type(), " with ", t.numel(), " elements on ", t.device(), "; nothing was changed.");
+  if (t.is_cpu()) {
     return;
   }
   for (const auto& group : opt.param_groups()) {
@@ -72,10 +71,8 @@ void check_arg_device(const torch::optim::Optimizer& opt, const at::Tensor& t, c
 // `keep`: a CPU flag is kept as a tensor too (FusedOptions().aten_kernels:
 // the CPU runs what CUDA runs).
 StepFlags read_flags(const torch::optim::Optimizer& opt, const AmpStepArgs& args, bool keep) {
-  check_arg(args.found_inf_tensor, "found_inf_tensor");
-  check_arg(args.grad_scale_tensor, "grad_scale_tensor");
-  check_arg_device(opt, args.found_inf_tensor, "found_inf_tensor");
-  check_arg_device(opt, args.grad_scale_tensor, "grad_scale_tensor");
+  check_arg(opt, args.found_inf_tensor, "found_inf_tensor");
+  check_arg(opt, args.grad_scale_tensor, "grad_scale_tensor");
   TORCH_CHECK_VALUE(args.found_inf_tensor.defined() || !args.grad_scale_tensor.defined(),
                     "torchamp::optim: AmpStepArgs::grad_scale_tensor without found_inf_tensor; "
                     "nothing was changed.");
