@@ -145,8 +145,9 @@ void paths_agree(at::ScalarType dtype, const Options& options, bool masters, con
       // In ulps where the values are not near 0 (there an absolute gap of
       // 1e-7 is millions of ulps of a tiny value).
       const at::Tensor away = m.to(at::kFloat).abs().ge(1e-3);
-      const int64_t ulps =
-          max_ulps(m.to(at::kFloat).masked_select(away), n.to(at::kFloat).masked_select(away));
+      const int64_t ulps = away.any().item<bool>() ? max_ulps(m.to(at::kFloat).masked_select(away),
+                                                              n.to(at::kFloat).masked_select(away))
+                                                   : 0;  // max() of nothing would throw
       widest_ulps = std::max(widest_ulps, ulps);
       if (s == 0) {
         first_step_ulps = std::max(first_step_ulps, ulps);

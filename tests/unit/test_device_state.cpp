@@ -84,6 +84,17 @@ class HostReads {
 std::atomic<int> HostReads::count_{0};
 thread_local int HostReads::inside_ = 0;
 
+// The host reads `body` makes (counted only where `count`, else 0).
+template <class Body>
+int reads_in(bool count, Body&& body) {
+  std::optional<HostReads> reads;
+  if (count) {
+    reads.emplace();
+  }
+  body();
+  return reads ? reads->count() : 0;
+}
+
 std::vector<at::Tensor> make_params(at::ScalarType dtype = at::kFloat) {
   torch::manual_seed(3);
   std::vector<at::Tensor> ps;
@@ -154,28 +165,23 @@ void device_equals_host(const Options& options, GradScalerOptions scaler_options
     }
     const bool stepped = host.scaler.step(host.opt).has_value();
     host.scaler.update();
-    std::optional<HostReads> counting;
-    if (s > 0) {
-      counting.emplace();
-    }
     at::Tensor b_tensor;
-    if (s % 3 == 1) {
-      // Every other clip through the tensor form: the same norm, as a tensor.
-      if (s % 2) {
-        b = dev.scaler.clip_grad_norm_(dev.opt, 0.3);  // returns a double: one read
-        expected_reads += s > 0 ? 1 : 0;
-      } else {
-        b_tensor = dev.scaler.clip_grad_norm_tensor_(dev.opt, 0.3);
+    torchamp::StepResult dev_result;
+    reads += reads_in(s > 0, [&] {
+      if (s % 3 == 1) {
+        // Every other clip through the tensor form: the same norm, as a tensor.
+        if (s % 2) {
+          b = dev.scaler.clip_grad_norm_(dev.opt, 0.3);  // returns a double: one read
+          expected_reads += s > 0 ? 1 : 0;
+        } else {
+          b_tensor = dev.scaler.clip_grad_norm_tensor_(dev.opt, 0.3);
+        }
+      } else if (s % 5 == 2) {
+        dev.scaler.unscale_(dev.opt);
       }
-    } else if (s % 5 == 2) {
-      dev.scaler.unscale_(dev.opt);
-    }
-    const torchamp::StepResult dev_result = dev.scaler.step(dev.opt);
-    dev.scaler.update();
-    if (counting) {
-      reads += counting->count();
-      counting.reset();
-    }
+      dev_result = dev.scaler.step(dev.opt);
+      dev.scaler.update();
+    });
     if (b_tensor.defined()) {
       b = b_tensor.template item<double>();
     }
@@ -297,18 +303,13 @@ TEST(DeviceState, PaddleFacadeEqualsItsHostScheduleStepForStep) {
         host.unscale_(*host_opt);
       }
       const bool stepped = host.minimize(*host_opt).has_value();
-      std::optional<HostReads> counting;  // from the second iteration (SGD's buffers read once)
-      if (s > 0) {
-        counting.emplace();
-      }
-      if (s % 4 == 2) {
-        dev.unscale_(*dev_opt);
-      }
-      const torchamp::StepResult result = dev.minimize(*dev_opt);
-      if (counting) {
-        reads += counting->count();
-        counting.reset();
-      }
+      torchamp::StepResult result;
+      reads += reads_in(s > 0, [&] {  // from the second iteration (SGD's buffers read once)
+        if (s % 4 == 2) {
+          dev.unscale_(*dev_opt);
+        }
+        result = dev.minimize(*dev_opt);
+      });
       ASSERT_EQ(stepped, result.has_value()) << "step " << s;
       ASSERT_EQ(stepped, !overflow) << "step " << s;
       skipped += stepped ? 0 : 1;
