@@ -95,7 +95,10 @@ void print_error(const char* name, F&& call, const torchamp::GradScaler& scaler)
 
 struct Run {
   torch::nn::Linear model{4, 1};
-  torch::optim::SGD optimizer{model->parameters(), torch::optim::SGDOptions(0.01)};
+  // The optimizer torchamp_sgd_new makes: torchamp's fused SGD. (LibTorch's
+  // SGD rounds p - lr * g once where ATen has FMA, torchamp's kernel twice:
+  // 1 ulp apart now and then, as docs/optimizers.md says.)
+  torchamp::optim::SGD optimizer{model->parameters(), torch::optim::SGDOptions(0.01)};
   std::vector<std::pair<torch::Tensor, torch::Tensor>> data;
   torchamp::GradScaler overflow{
       torchamp::GradScalerOptions().init_scale(std::ldexp(1.0, 127)).growth_interval(2)};
