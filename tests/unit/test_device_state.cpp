@@ -41,13 +41,16 @@ using torchamp::GradScaler;
 using torchamp::GradScalerOptions;
 using torchamp::optim::FusedOptions;
 
-// Counts the reads of a tensor back to the host (ATen's _local_scalar_dense,
-// which item() and is_nonzero() call) while it lives. Not those inside ATen's
-// fused optimizer ops: their CPU kernels read each step count of a CPU tensor
-// with item() (free there), where their CUDA kernels read it on the device.
-class HostReads {
+// Counts, while it lives, what makes a step wait on the host or move data
+// between devices: the reads of a tensor back to the host (ATen's
+// _local_scalar_dense, which item() and is_nonzero() call) and the copies
+// from one device to another (copy_, which to() and _to_copy end in). Not
+// those inside ATen's fused optimizer ops: their CPU kernels read each step
+// count of a CPU tensor with item() (free there), where their CUDA kernels
+// read it on the device.
+class HostSyncs {
  public:
-  HostReads() {
+  HostSyncs() {
     count_ = 0;
     handle_ = at::addGlobalCallback(
         at::RecordFunctionCallback(
@@ -55,7 +58,8 @@ class HostReads {
               const std::string name = fn.name();
               if (fused(name)) {
                 ++inside_;
-              } else if (name == "aten::_local_scalar_dense" && inside_ == 0) {
+              } else if (inside_ == 0 &&
+                         (name == "aten::_local_scalar_dense" || cross_device_copy(fn))) {
                 ++count_;
               }
               return nullptr;
@@ -65,14 +69,23 @@ class HostReads {
                 --inside_;
               }
             })
+            .needsInputs(true)
             .scopes({at::RecordScope::FUNCTION}));
   }
-  ~HostReads() { at::removeCallback(handle_); }
-  HostReads(const HostReads&) = delete;
-  HostReads& operator=(const HostReads&) = delete;
+  ~HostSyncs() { at::removeCallback(handle_); }
+  HostSyncs(const HostSyncs&) = delete;
+  HostSyncs& operator=(const HostSyncs&) = delete;
   int count() const { return count_.load(); }
 
  private:
+  static bool cross_device_copy(const at::RecordFunction& fn) {
+    if (std::string(fn.name()) != "aten::copy_" || fn.inputs().size() < 2) {
+      return false;
+    }
+    const c10::IValue& dst = fn.inputs()[0];
+    const c10::IValue& src = fn.inputs()[1];
+    return dst.isTensor() && src.isTensor() && dst.toTensor().device() != src.toTensor().device();
+  }
   static bool fused(const std::string& name) {
     return name == "aten::_fused_adam_" || name == "aten::_fused_adamw_" ||
            name == "aten::_fused_sgd_";
@@ -81,18 +94,34 @@ class HostReads {
   static thread_local int inside_;
   at::CallbackHandle handle_;
 };
-std::atomic<int> HostReads::count_{0};
-thread_local int HostReads::inside_ = 0;
+std::atomic<int> HostSyncs::count_{0};
+thread_local int HostSyncs::inside_ = 0;
 
 // The host reads `body` makes (counted only where `count`, else 0).
 template <class Body>
 int reads_in(bool count, Body&& body) {
-  std::optional<HostReads> reads;
+  std::optional<HostSyncs> reads;
   if (count) {
     reads.emplace();
   }
   body();
   return reads ? reads->count() : 0;
+}
+
+// The counter itself: a read back to the host and a copy from one device to
+// another (CPU to meta, the second device every build has) count one each;
+// a copy on one device, and a device-to-device clone, none.
+TEST(DeviceState, TheSyncCounterSeesReadsAndCrossDeviceCopies) {
+  const at::Tensor t = torch::ones({3});
+  at::Tensor meta = at::empty({3}, at::TensorOptions().device(at::kMeta));
+  HostSyncs syncs;
+  torch::zeros({3}).copy_(t);
+  meta.clone();
+  EXPECT_EQ(syncs.count(), 0);
+  meta.copy_(t);
+  EXPECT_EQ(syncs.count(), 1);
+  EXPECT_EQ(t.sum().item<float>(), 3.0f);
+  EXPECT_EQ(syncs.count(), 2);
 }
 
 std::vector<at::Tensor> make_params(at::ScalarType dtype = at::kFloat) {
@@ -395,25 +424,25 @@ TEST(DeviceState, AnIterationReadsNothingBackToTheHost) {
     };
     iteration(0, false);  // SGD's first step makes its momentum buffers: it reads the flag once
     {
-      HostReads reads;
+      HostSyncs reads;
       for (int s = 1; s < 12; ++s) {
         iteration(s, false);
       }
       EXPECT_EQ(reads.count(), 0) << "host reads in 11 iterations";
     }
     {
-      HostReads reads;
+      HostSyncs reads;
       iteration(13, true);
       EXPECT_EQ(reads.count(), 1) << "clip_grad_norm_ returns the norm: one read";
     }
     {
-      HostReads reads;
+      HostSyncs reads;
       iteration(14, false, true);
       iteration(15, false, true);  // an overflow
       EXPECT_EQ(reads.count(), 0) << "clip_grad_norm_tensor_ keeps the norm on the device";
     }
     {
-      HostReads reads;
+      HostSyncs reads;
       opt->zero_grad();
       scaler.scale(torch::mse_loss(model->forward(x), y)).backward();
       torchamp::StepResult result = scaler.step(*opt);
