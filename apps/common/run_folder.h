@@ -3,7 +3,8 @@
 // A main job's run folder, the same in every app under apps/: one rule for
 // --out, one set of file names, the options file and its comparison, the
 // position a run continues from, the finished marker, and each rank's own
-// log. The apps' main.cpp decide only what goes into the files.
+// log. Each app (its main.cpp, command_line.cpp and results.cpp) decides
+// only what goes into the files.
 
 #include "run_state.h"
 #include "support.h"

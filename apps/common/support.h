@@ -137,8 +137,8 @@ std::string default_data(const std::string& name, const std::string& built);
 /// That copy's path, for `built`: each app defines it in its built_data.cpp,
 /// the one file whose compile line names the checkout or the build folder.
 /// ccache's base_dir does not rewrite a path inside a -D value, so any other
-/// file holding it (main.cpp, the costliest) would miss the cache in every
-/// clone in another folder.
+/// file holding it (command_line.cpp, which calls it) would miss the cache in
+/// every clone in another folder.
 const char* built_data_path();
 
 /// An app's main after its command line: runs `body` and turns what it

@@ -151,8 +151,8 @@ Config adopt_saved(const Args& a, const RunFolder& folder, int world) {
   return config;
 }
 
-// The modes this LibTorch and machine run, and the processes the network
-// and the batches can be shared out to.
+// The modes this LibTorch and machine run (on several processes, the CUDA
+// mode only where asked for, and then refused; else it is dropped).
 void check_runnable(Config& config, const Args& a, int world) {
   const std::vector<std::string> here = available_modes();
   for (const auto& m : config.modes) {
