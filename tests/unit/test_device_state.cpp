@@ -97,7 +97,8 @@ class HostSyncs {
 std::atomic<int> HostSyncs::count_{0};
 thread_local int HostSyncs::inside_ = 0;
 
-// The host reads `body` makes (counted only where `count`, else 0).
+// The host reads and cross-device copies `body` makes (counted only where
+// `count`, else 0).
 template <class Body>
 int reads_in(bool count, Body&& body) {
   std::optional<HostSyncs> reads;
@@ -110,7 +111,7 @@ int reads_in(bool count, Body&& body) {
 
 // The counter itself: a read back to the host and a copy from one device to
 // another (CPU to meta, the second device every build has) count one each;
-// a copy on one device, and a device-to-device clone, none.
+// a copy on one device and a clone on another, none.
 TEST(DeviceState, TheSyncCounterSeesReadsAndCrossDeviceCopies) {
   const at::Tensor t = torch::ones({3});
   at::Tensor meta = at::empty({3}, at::TensorOptions().device(at::kMeta));
