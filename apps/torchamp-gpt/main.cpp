@@ -43,6 +43,9 @@ int64_t skips_so_far(torchamp_apps::RunFolder& folder, const std::string& mode) 
   return n;
 }
 
+// metrics.csv's header, of the rows StepLog writes.
+const char* const kMetricsHeader = "mode,step,loss,val_loss,scale,skipped,lr";
+
 // Rank 0's run folder: the options, the Python twin's inputs, and the two
 // logs, new or cut back to the checkpoint's position.
 void set_up(torchamp_apps::RunFolder& folder, const Config& c, int64_t vocab) {

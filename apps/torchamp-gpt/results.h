@@ -10,9 +10,7 @@
 
 namespace torchamp_gpt {
 
-/// metrics.csv's header; summary.csv (and the Python twin's
-/// python-summary.csv): a row per mode.
-inline constexpr const char* kMetricsHeader = "mode,step,loss,val_loss,scale,skipped,lr";
+/// summary.csv (and the Python twin's python-summary.csv): a row per mode.
 extern const torchamp_apps::Columns<ModeResult> kSummary;
 
 /// The table (C++ and, where python-summary.csv is there, Python's) and

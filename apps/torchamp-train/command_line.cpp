@@ -79,7 +79,6 @@ void add_run_options(CLI::App& app, Args& a) {
 
 }  // namespace
 
-// Parses argv into `a`; returns -1 to go on, else the exit code.
 int parse(int argc, char** argv, Args& a) {
   CLI::App app{
       "torchamp-train: mixed-precision training on the UCI handwritten digits, once per "
@@ -105,8 +104,6 @@ int parse(int argc, char** argv, Args& a) {
   return -1;
 }
 
-// The launch environment's and the task's settings where the command line
-// gives none.
 void complete(Config& config, const Args& a, const torchamp_apps::LaunchEnv& env) {
   config.world_size = env.world;
   config.parallel = env.world > 1 ? a.parallel_mode : "none";
@@ -193,8 +190,6 @@ void check_shares(const Config& config, int world, int64_t train_rows) {
   }
 }
 
-// The run folder: --resume's (its options adopted), or --out's (one rule
-// with every app: new, or a run of these options to continue).
 RunFolder open_folder(const Args& a, Config& config, int world) {
   if (!a.resume_dir.empty()) {
     RunFolder folder = RunFolder::existing(a.resume_dir, kApp);
