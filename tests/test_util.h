@@ -4,6 +4,7 @@
 
 #include <torchamp/grad_scaler.h>
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -25,6 +26,23 @@ void expect_throws(F&& f, const std::string& needle) {
     ADD_FAILURE() << "wrong exception type; message: " << e.what();
   }
 }
+
+/// ATen's intra-op thread count for a scope, put back after it. scripts/test
+/// runs the tests with OMP_NUM_THREADS=1 (two test processes at once on two
+/// cores: two threads each spun against each other), so a test about work
+/// split across threads names its count.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int threads) : was_(at::get_num_threads()) {
+    at::set_num_threads(threads);
+  }
+  ~ScopedThreads() { at::set_num_threads(was_); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int was_;
+};
 
 /// Everything observable about a scaler's schedule.
 struct Snapshot {

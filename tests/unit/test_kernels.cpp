@@ -3,6 +3,7 @@
 // tensors large enough to be split across threads.
 #include "kernels/bf16.h"
 #include "kernels/kernels.h"
+#include "test_util.h"
 
 #include <torch/torch.h>
 
@@ -61,7 +62,14 @@ at::Tensor random_values(int64_t n, at::ScalarType dtype, int64_t seed) {
   return t;
 }
 
-class KernelDtype : public ::testing::TestWithParam<at::ScalarType> {};
+// On two threads, so that tensors of a grain or more are split and pieces
+// start and end inside them (scripts/test's default is one thread).
+class KernelDtype : public ::testing::TestWithParam<at::ScalarType> {
+  torchamp_test::ScopedThreads threads_{2};
+};
+class Kernel : public ::testing::Test {
+  torchamp_test::ScopedThreads threads_{2};
+};
 
 TEST_P(KernelDtype, BitIdenticalToScalarReferenceAcrossSplits) {
   const auto dtype = GetParam();
@@ -140,7 +148,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, KernelDtype,
 // Every bfloat16 bit pattern (NaNs with every payload, infinities,
 // subnormals), starting at an even and at an odd element: the portable loop
 // works on pairs of elements, with a single element before and after.
-TEST(Kernel, Bfloat16EveryBitPatternAtEitherAlignment) {
+TEST_F(Kernel, Bfloat16EveryBitPatternAtEitherAlignment) {
   for (int64_t offset : {0, 1}) {
     for (float inv : {1.0f / 65536, 1.0f / 3, 4.0f}) {
       at::Tensor all = torch::empty({65536 + 2}, torch::kBFloat16);
@@ -163,7 +171,7 @@ TEST(Kernel, Bfloat16EveryBitPatternAtEitherAlignment) {
 // as F16C's VCVTPH2PS, which the master-weight vector loops use); every
 // float32 pattern in a stride that covers each exponent and the rounding
 // bits, and the boundaries, the other way.
-TEST(Kernel, Float16ConversionsAreC10Halfs) {
+TEST_F(Kernel, Float16ConversionsAreC10Halfs) {
   int64_t wrong = 0;
   for (uint32_t h = 0; h < 0x10000u; ++h) {
     const float ours = torchamp::kernels::f16_to_float(static_cast<uint16_t>(h));
@@ -190,7 +198,7 @@ TEST(Kernel, Float16ConversionsAreC10Halfs) {
   EXPECT_EQ(wrong, 0) << "float32 -> float16, of " << xs.size();
 }
 
-TEST(Kernel, Bfloat16FastAndPortableLoopsAgreeBitForBit) {
+TEST_F(Kernel, Bfloat16FastAndPortableLoopsAgreeBitForBit) {
   RecordProperty("bf16_unscale_path", torchamp::kernels::unscale_path(at::kBFloat16));
   const std::vector<int64_t> sizes = {1,  15, 16, 17,   31,        32,    33,
                                       63, 64, 65, 1000, 32768 + 5, 100003};
@@ -227,7 +235,7 @@ TEST(Kernel, Bfloat16FastAndPortableLoopsAgreeBitForBit) {
 // float32 has an AVX-512 loop with a masked last vector (where the CPU has
 // AVX-512F) and the portable one: the same bits and flags, on lengths around
 // both vector widths, with infinities and NaNs at the ends.
-TEST(Kernel, Float32FastAndPortableLoopsAgreeBitForBit) {
+TEST_F(Kernel, Float32FastAndPortableLoopsAgreeBitForBit) {
   RecordProperty("float32_unscale_path", torchamp::kernels::unscale_path(at::kFloat));
   const std::vector<int64_t> sizes = {1, 7, 8, 15, 16, 17, 31, 32, 33, 100, 1000, 32768 + 5};
   for (float inv : {1.0f / 65536, 1.0f / 3, 3.0e-39f, 1.0e30f}) {
@@ -259,7 +267,7 @@ TEST(Kernel, Float32FastAndPortableLoopsAgreeBitForBit) {
   }
 }
 
-TEST(Kernel, NothingIsWrittenWhenInvScaleIsOne) {
+TEST_F(Kernel, NothingIsWrittenWhenInvScaleIsOne) {
   auto t = torch::tensor({1.0f, std::numeric_limits<float>::infinity()});
   const void* before = t.data_ptr();
   std::vector<at::Tensor> tensors = {t};
@@ -268,7 +276,7 @@ TEST(Kernel, NothingIsWrittenWhenInvScaleIsOne) {
   EXPECT_EQ(t[0].item<float>(), 1.0f);
 }
 
-TEST(Kernel, EmptyListAndEmptyTensors) {
+TEST_F(Kernel, EmptyListAndEmptyTensors) {
   std::vector<at::Tensor> none;
   EXPECT_FALSE(unscale_cpu_(none, 0.5f));
   std::vector<at::Tensor> empty = {torch::empty({0}), torch::empty({0, 3})};

@@ -176,7 +176,8 @@ endforeach()
 # The mechanism, visible on any machine where the LibTorch is an MKL build:
 # MKL reports every call (MKL_VERBOSE) with its thread count. By default every
 # SGEMM runs on one thread; --nondeterministic gives MKL LibTorch's threads.
-execute_process(COMMAND ${CMAKE_COMMAND} -E env MKL_VERBOSE=1
+# Both runs with two (scripts/test's default is one).
+execute_process(COMMAND ${CMAKE_COMMAND} -E env MKL_VERBOSE=1 OMP_NUM_THREADS=2
                         "${APP}" --epochs 1 --batch-size 64 --modes fp32 --out "${WORK}/mkl"
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 string(REGEX MATCHALL "MKL_VERBOSE SGEMM[^\n]*NThr:[0-9]+" calls "${out}${err}")
