@@ -233,7 +233,6 @@ TEST(GradCache, GradientMovedToCuda) {
 }
 
 TEST(GradCache, ResultsAndFlagsDoNotDependOnTheThreadCount) {
-  const int threads_before = at::get_num_threads();
   // Enough parameters that the walk itself is split, and tensors large
   // enough that the kernel splits within them.
   std::vector<int64_t> sizes;
@@ -244,7 +243,7 @@ TEST(GradCache, ResultsAndFlagsDoNotDependOnTheThreadCount) {
   std::vector<std::vector<at::Tensor>> results;
   std::vector<std::vector<torchamp::NonFiniteGradient>> reports;
   for (int threads : {1, 2, 3}) {
-    at::set_num_threads(threads);
+    const torchamp_test::ScopedThreads scoped(threads);
     Model m(sizes);
     m.fresh_grads(12);
     m.params[4321].mutable_grad()[0] = std::numeric_limits<float>::quiet_NaN();
@@ -259,7 +258,6 @@ TEST(GradCache, ResultsAndFlagsDoNotDependOnTheThreadCount) {
     reports.push_back(scaler.non_finite_gradients(*m.opt));
     results.push_back(m.grads());
   }
-  at::set_num_threads(threads_before);
   ASSERT_EQ(reports[0].size(), 2u);
   EXPECT_EQ(reports[0][0].index, 4321u);
   EXPECT_EQ(reports[0][1].index, 6000u);

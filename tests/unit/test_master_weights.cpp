@@ -186,15 +186,9 @@ TEST(MasterWeights, VectorPathEqualsTheOnePassLoopOnEveryPattern) {
   // The kernels' cap and ATen's thread count for one run, put back after it.
   struct Setting {
     Isa isa_was = torchamp::kernels::isa_cap();
-    int threads_was = at::get_num_threads();
-    Setting(Isa isa, int threads) {
-      torchamp::kernels::cap_isa(isa);
-      at::set_num_threads(threads);
-    }
-    ~Setting() {
-      torchamp::kernels::cap_isa(isa_was);
-      at::set_num_threads(threads_was);
-    }
+    torchamp_test::ScopedThreads threads;
+    Setting(Isa isa, int n) : threads(n) { torchamp::kernels::cap_isa(isa); }
+    ~Setting() { torchamp::kernels::cap_isa(isa_was); }
   };
   // Per parameter: the parameter's and the gradient's 16 bits, then the
   // master's float32 bits (a bfloat16 master's: (parameter << 16) +
@@ -705,15 +699,13 @@ TEST(MasterWeights, ClipNormIsTheSameBitsOnAnyNumberOfThreads) {
   for (auto& p : ps) {
     p.mutable_grad() = torch::randn(p.sizes()) * 100;
   }
-  const int threads = at::get_num_threads();
   std::vector<double> norms;
   for (int n : {1, 2, 3}) {
-    at::set_num_threads(n);
+    const torchamp_test::ScopedThreads threads(n);
     torchamp::optim::AdamW opt(ps, torch::optim::AdamWOptions(0.0));
     GradScaler scaler(GradScalerOptions().init_scale(100));
     norms.push_back(scaler.clip_grad_norm_(opt, 1e9));
   }
-  at::set_num_threads(threads);
   EXPECT_EQ(norms[0], norms[1]);
   EXPECT_EQ(norms[0], norms[2]);
 }

@@ -176,10 +176,9 @@ TEST(StochasticRounding, SmallUpdatesAreKeptOnAverage) {
 }
 
 TEST(StochasticRounding, StateIsBfloat16AndSameSeedGivesSameBitsOnAnyThreadCount) {
-  const int threads = at::get_num_threads();
   std::vector<std::vector<at::Tensor>> runs;
   for (const int t : {1, 2, 1}) {
-    at::set_num_threads(t);
+    const torchamp_test::ScopedThreads threads(t);
     auto ps = make_params(3);
     torchamp::optim::AdamW opt(ps, adamw(), kStochastic);
     train(opt, ps, 0, 10);
@@ -191,7 +190,6 @@ TEST(StochasticRounding, StateIsBfloat16AndSameSeedGivesSameBitsOnAnyThreadCount
     }
     runs.push_back(clones(ps));
   }
-  at::set_num_threads(threads);
   EXPECT_TRUE(same_bits(runs[0], runs[1]));
   EXPECT_TRUE(same_bits(runs[0], runs[2]));
 
@@ -373,10 +371,9 @@ TEST(StochasticRounding, Float32StateIsKeptExactly) {
   EXPECT_EQ(opt.fused_options().state_dtype(), c10::optional<at::ScalarType>(at::kFloat));
 
   // Same bits on 1 and 2 threads, and resumed from an archive.
-  const int threads = at::get_num_threads();
   std::vector<std::vector<at::Tensor>> runs;
   for (const int t : {1, 2}) {
-    at::set_num_threads(t);
+    const torchamp_test::ScopedThreads threads(t);
     auto qs = make_params(13);
     torchamp::optim::Adam a(qs, torch::optim::AdamOptions(1e-3), wide);
     train(a, qs, 0, 4);
@@ -393,7 +390,6 @@ TEST(StochasticRounding, Float32StateIsKeptExactly) {
     train(again, resumed, 4, 8);
     EXPECT_TRUE(same_bits(runs.back(), clones(resumed)));
   }
-  at::set_num_threads(threads);
   EXPECT_TRUE(same_bits(runs[0], runs[1]));
 
   using torchamp_test::expect_throws;
