@@ -156,8 +156,9 @@ torchamp_build() {
   # ccache: PCH-friendly settings, and base_dir at the checkout's root, so
   # that paths inside it are hashed relative to each compile's working
   # directory: a clone in another folder (CI's, a second worktree) hits the
-  # objects this one built. (The subproject tests' copies of the library miss
-  # either way: their config.h folder, and so their command lines, differ.)
+  # objects this one built, and the package.subproject tests, which build a
+  # copy of the library one level below its sources as this build lies below
+  # the checkout, hit this build's objects (tests/integration/subproject/run.cmake).
   export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$TORCHAMP_ROOT}"
   cmake -S "$TORCHAMP_ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@"

@@ -3,18 +3,23 @@
 # LibTorch found through the parent's own CMAKE_PREFIX_PATH. Then checks that
 # the parent's install step installs nothing of torchamp.
 #
-# WORK is a folder in the leg's build folder (tests/CMakeLists.txt), which the
-# three ways use in turn. torchamp's sources lie at WORK/torchamp: a copy of
-# what a release archive holds, made here for the add_subdirectory ways and
-# fetched by URL from WORK/torchamp-src for fetchcontent. torchamp builds in
+# WORK is the way's own folder in the leg's build folder (tests/CMakeLists.txt),
+# removed when the way passes, kept when it fails. torchamp's sources lie at
+# WORK/torchamp: a copy of the files its build needs (CMakeLists.txt, cmake/,
+# include/, src/), made here for the add_subdirectory ways and fetched by URL
+# from such a copy at WORK/torchamp-src for fetchcontent. torchamp builds in
 # WORK/torchamp/build, the parent in WORK/build.
 #
 # Why there: the checkout's own build compiles the library in a folder one
 # level below the sources (build/, build-2.13/), and so does this one. Under
-# ccache's base_dir (the checkout: scripts/lib.sh) the command lines are then
-# the same text ("-I../include ... -c ../src/x.cpp") and the sources the same
-# bytes, so the library compiles here from the leg's own objects: a cold clone
-# compiled it once more a leg before (95-122 s, 2026-12-07), in any folder.
+# ccache's base_dir at the checkout (scripts/lib.sh exports it) the command
+# lines are then the same text ("-I../include ... -c ../src/x.cpp") and the
+# sources the same bytes, so the library compiles from the leg's own objects;
+# on a cold cache it compiled once more a leg before (93-122 s, 2026-12-07).
+# That holds with the Makefile generator (it compiles in each target's
+# folder; Ninja compiles in the parent's), with LibTorch outside the checkout
+# (its -isystem paths absolute, as pip's venv under ~/.cache and Debian's are)
+# and with CCACHE_BASEDIR set; without them the library just compiles again.
 get_filename_component(parent "${WORK}" DIRECTORY)
 file(MAKE_DIRECTORY "${parent}")
 file(REMOVE_RECURSE "${WORK}")
@@ -23,15 +28,15 @@ set(source "${WORK}/torchamp")
 set(copy_to "${source}")
 set(args "")
 if(WAY STREQUAL "fetchcontent")
-  # A local copy of what a release archive holds, fetched by URL into
-  # WORK/torchamp.
+  # The copy is fetched by URL into WORK/torchamp.
   set(copy_to "${WORK}/torchamp-src")
   set(source "${copy_to}")
   list(APPEND args "-DTORCHAMP_FETCH_DIR=${WORK}/torchamp")
 endif()
-# An empty build/ in it too: fetchcontent's download step replaces
-# WORK/torchamp with the copy after making its binary folder there, and a
-# binary folder one level below the sources is what ccache matches.
+# An empty build/ in it too, which fetchcontent needs: its download step
+# removes WORK/torchamp, with the binary folder it made there, before it
+# copies, and the steps after it run in that folder. (Harmless for the
+# add_subdirectory ways.)
 file(MAKE_DIRECTORY "${copy_to}/build")
 file(COPY "${ROOT}/CMakeLists.txt" "${ROOT}/cmake" "${ROOT}/include" "${ROOT}/src"
      DESTINATION "${copy_to}")
