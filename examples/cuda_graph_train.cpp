@@ -178,6 +178,7 @@ bool compare(const char* name, c10::ScalarType dtype, bool scaled, int n) {
       name, n, skipped, growths, eager.scaler.get_scale(), eager_loss[0].item<double>(),
       eager_loss[n - 1].item<double>(), 1e3 * eager_s / timed, 1e3 * graph_s / timed,
       eager_s / graph_s, same ? "bit for bit" : "NO");
+  std::fflush(stdout);  // into a pipe too before the next comparison, which may throw
   return same;
 }
 
