@@ -25,21 +25,19 @@ file(MAKE_DIRECTORY "${parent}")
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 set(source "${WORK}/torchamp")
-set(copy_to "${source}")
 set(args "")
 if(WAY STREQUAL "fetchcontent")
   # The copy is fetched by URL into WORK/torchamp.
-  set(copy_to "${WORK}/torchamp-src")
-  set(source "${copy_to}")
+  set(source "${WORK}/torchamp-src")
   list(APPEND args "-DTORCHAMP_FETCH_DIR=${WORK}/torchamp")
 endif()
 # An empty build/ in it too, which fetchcontent needs: its download step
 # removes WORK/torchamp, with the binary folder it made there, before it
 # copies, and the steps after it run in that folder. (Harmless for the
 # add_subdirectory ways.)
-file(MAKE_DIRECTORY "${copy_to}/build")
+file(MAKE_DIRECTORY "${source}/build")
 file(COPY "${ROOT}/CMakeLists.txt" "${ROOT}/cmake" "${ROOT}/include" "${ROOT}/src"
-     DESTINATION "${copy_to}")
+     DESTINATION "${source}")
 if(CUDA_ROOT)
   list(APPEND args "-DCUDA_TOOLKIT_ROOT_DIR=${CUDA_ROOT}" "-DCUDAToolkit_ROOT=${CUDA_ROOT}"
        "-DCMAKE_CUDA_COMPILER=${CUDA_ROOT}/bin/nvcc")
