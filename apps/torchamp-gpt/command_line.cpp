@@ -130,6 +130,11 @@ void add_run_options(CLI::App& app, Args& a) {
   app.add_flag("--cuda-graph", a.cuda_graph,
                "Each CUDA mode also once more with its step captured in a CUDA graph and "
                "replayed (its mode +graph): the same bits, the time without the launches");
+  app.add_option("--profile", a.profile_steps,
+                 "Each mode's last N steps under LibTorch's profiler, into trace-MODE.json (a "
+                 "Chrome trace; profile_report.py says where the time goes); not counted in "
+                 "tokens/s")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
   app.add_flag("--list-modes", a.list_modes,
                "Print every mode, whether it runs here, and what it is; then exit");
   app.add_option("--report", a.report_dir,

@@ -25,6 +25,7 @@ struct Args {
   int64_t log_every = 0;
   int threads = 0;
   bool cuda_graph = false;
+  int64_t profile_steps = 0;
 };
 
 /// Parses argv into `a`; returns -1 to go on, else the exit code.

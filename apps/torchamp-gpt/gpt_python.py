@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The same GPT run in Python, beside a torchamp-gpt run.
 
-Usage: gpt_python.py RUN_DIR [--threads N] [--check] [--loss-atol A]
+Usage: gpt_python.py RUN_DIR [--threads N] [--check] [--loss-atol A] [--profile N]
 
 Reads a torchamp-gpt run folder (options.txt, initial.pt: the C++ side's
 initial weights) and trains every CPU mode of it again with PyTorch's own
@@ -23,8 +23,14 @@ C++'s bf16-nearest, which this script runs the same way. C++'s bf16-sr
 (default 1e-5) in every mode both ran, and on every step's scale and skip
 count in fp16+scaler. Exit 77 when this torch lacks what a mode needs (CPU
 float16 autocast and GradScaler: 2.3 and newer).
+
+--profile N: each mode's last N steps under torch.profiler (CPU, and CUDA in
+the CUDA modes), each marked "step", not counted in tokens/s, into
+RUN_DIR/python-trace-MODE.json: torchamp-gpt --profile's trace of the Python
+side (profile_report.py RUN_DIR compares them).
 """
 import argparse
+import contextlib
 import csv
 import ctypes
 import math
@@ -203,7 +209,7 @@ def g17(v):
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else "%.17g" % v
 
 
-def train_mode(name, o, init, train, val, vocab):
+def train_mode(name, o, init, train, val, vocab, profile, run_dir):
     autocast, param_dtype, scaled, device = MODES[name]
     cuda = device == "cuda"
     reset_peak_rss()  # as the C++ side: before the model is made
@@ -240,10 +246,20 @@ def train_mode(name, o, init, train, val, vocab):
     one = torch.ones((), device=device)
     scale = scaler.get_scale() if scaled else 1.0
     model.train()
+    profiler, mark, timed = None, contextlib.nullcontext(), 0
     for step in range(o["steps"]):
         lr = lr_at(o, step)
         for group in opt.param_groups:
             group["lr"] = lr
+        if profile and step == o["steps"] - profile:  # as torchamp-gpt --profile: the last steps
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if cuda:
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            profiler = torch.profiler.profile(activities=activities)
+            profiler.__enter__()
+        if profiler:
+            mark = torch.profiler.record_function("step")
+            mark.__enter__()
         t0 = time.perf_counter()
         loss = 0.0 if not cuda else None
         # Every rank's micro-batches of the C++ run, in one process: the same
@@ -274,8 +290,14 @@ def train_mode(name, o, init, train, val, vocab):
             scale = scaler.get_scale() if scaled else 1.0
         if step == 0:
             first_seconds = time.perf_counter() - t0
-        else:
+        elif not profiler:
             seconds += time.perf_counter() - t0
+            timed += 1
+        if profiler:
+            mark.__exit__(None, None, None)
+            if step + 1 == o["steps"]:  # before the last evaluation
+                profiler.__exit__(None, None, None)
+                profiler.export_chrome_trace(os.path.join(run_dir, "python-trace-%s.json" % name))
         if scaled and scale < before:
             skipped += 1
         val_loss = float("nan")
@@ -285,15 +307,15 @@ def train_mode(name, o, init, train, val, vocab):
         if (step + 1) % max(1, o["steps"] // 10) == 0 or step + 1 == o["steps"]:
             print("%-12s step %5d/%d  loss %.4f  %7.0f tokens/s  scale %g  skipped %d (Python)"
                   % (name, step + 1, o["steps"], loss,
-                     step * B * accum * world * T / seconds if step else 0.0, scale, skipped),
+                     timed * B * accum * world * T / seconds if timed else 0.0, scale, skipped),
                   flush=True)
     params = sum(p.numel() for p in model.parameters())
     state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
                 if torch.is_tensor(t) and t.dim() > 0)
     tensors = sum(p.numel() * p.element_size() * 2 for p in model.parameters())
-    # Over the steps after the first (the C++ side's measure); the first alone
-    # where it ran alone.
-    steps = o["steps"] - 1
+    # Over the steps after the first and before those profiled (the C++ side's
+    # measure); the first alone where it ran alone.
+    steps = timed
     if steps < 1:
         steps, seconds = 1, first_seconds
     summary = [name, g17(val_loss), g17(loss), skipped, g17(scaler.get_scale() if scaled else 1.0),
@@ -351,8 +373,13 @@ def main():
                     help="torch.set_num_threads (default: the C++ run's, from runtime.txt)")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--loss-atol", type=float, default=1e-5)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="each mode's last N steps under torch.profiler, into python-trace-MODE.json")
     args = ap.parse_args()
     o = read_options(args.run_dir)
+    if not 0 <= args.profile < o["steps"]:
+        ap.error("--profile %d: it must be at least 0 and less than the run's %d steps"
+                 % (args.profile, o["steps"]))
     threads = args.threads
     runtime = os.path.join(args.run_dir, "runtime.txt")
     if threads == 0 and os.path.exists(runtime):
@@ -375,7 +402,7 @@ def main():
              ", MKL pinned to one" if pinned else ""), flush=True)
     metrics, summaries = [], []
     for name in modes:
-        rows, summary = train_mode(name, o, init, train, val, vocab)
+        rows, summary = train_mode(name, o, init, train, val, vocab, args.profile, args.run_dir)
         metrics += rows
         summaries.append(summary)
     with open(os.path.join(args.run_dir, "python-metrics.csv"), "w", newline="") as f:

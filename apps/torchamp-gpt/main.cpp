@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -158,6 +159,11 @@ int train(Args& a) {
     c.modes = with_graph_modes(c.modes);
   }
   check(c);
+  if (a.profile_steps >= c.steps) {
+    throw std::invalid_argument("--profile " + std::to_string(a.profile_steps) +
+                                " leaves no step to time: it must be less than --steps " +
+                                std::to_string(c.steps));
+  }
   const Corpus corpus = Corpus::load(c.data, c.model.context, c.vocab);
   auto folder = torchamp_apps::RunFolder::open(a.run, env.world, c.to_options(), kApp);
   if (folder.report_if_finished(c.modes.size(), env.rank, kApp, [&] { report(folder.dir()); })) {
@@ -168,7 +174,11 @@ int train(Args& a) {
   }
   const bool pinned = c.deterministic && torchamp_apps::pin_mkl_to_one_thread();
   Runtime rt{folder.hooks<StepRow>(a.run, env.rank == 0),
-             torchamp_apps::form_group(env, a.run.timeout()), env.rank, a.sample_chars};
+             torchamp_apps::form_group(env, a.run.timeout()),
+             env.rank,
+             a.sample_chars,
+             a.profile_steps,
+             folder.dir().string()};
   if (env.rank == 0) {
     set_up(folder, c, std::max(c.vocab, corpus.vocab_size()));
   }

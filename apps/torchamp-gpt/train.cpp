@@ -6,6 +6,7 @@
 #include <torchamp/optim.h>
 #include "launch.h"
 #include "step_graph.h"
+#include "step_profiler.h"
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -399,16 +400,32 @@ ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index,
   double seconds = 0, first_seconds = 0, last_loss = std::numeric_limits<double>::quiet_NaN();
   int64_t timed = 0, untimed = 0;
   const auto params = t.model->parameters();
+  // --profile's steps: the last ones, on rank 0 (a run resumed inside them
+  // profiles those left).
+  const int64_t profile_from =
+      rt.rank == 0 && rt.profile_steps > 0 ? c.steps - rt.profile_steps : c.steps;
+  std::optional<StepProfiler> profiler;
   for (int64_t step = start; step < c.steps; ++step) {
     const double lr = lr_at(c, step);
+    if (step >= profile_from && !profiler) {
+      profiler.emplace(mode.device == c10::DeviceType::CUDA);
+    }
     // Timed: the steps after this process's first, and in a captured mode
-    // those after the capture (its eager warm-up and the capture are not).
-    const bool warm = step > start && (!mode.graph || graph.captured());
+    // those after the capture (its eager warm-up and the capture are not),
+    // and not those profiled.
+    const bool warm = step > start && (!mode.graph || graph.captured()) && !profiler;
     const auto t0 = std::chrono::steady_clock::now();
-    const StepOutcome out = t.on_device() ? device_optimizer_step(t, graph, step, lr, scale)
-                                          : optimizer_step(t, c, step, lr, params);
+    auto take_step = [&] {
+      return t.on_device() ? device_optimizer_step(t, graph, step, lr, scale)
+                           : optimizer_step(t, c, step, lr, params);
+    };
+    const StepOutcome out = profiler ? profiler->step(take_step) : take_step();
     scale = out.scale;
     const double dt = torchamp_apps::seconds_since(t0);
+    if (profiler && step + 1 == c.steps) {  // before the last evaluation
+      profiler->save(rt.trace_dir + "/trace-" + mode.name + ".json");
+      profiler.reset();
+    }
     (warm ? seconds : first_seconds) += dt;
     ++(warm ? timed : untimed);
     last_loss = t.global_sum(out.loss);

@@ -113,6 +113,11 @@ struct Runtime : torchamp_apps::Hooks<StepRow> {
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   int rank = 0;
   int64_t sample_chars = 0;  // text the trained model writes at the end (rank 0)
+  // --profile: each mode's last `profile_steps` steps under LibTorch's
+  // profiler (rank 0), not counted in tokens/s; the trace to
+  // `trace_dir`/trace-<mode>.json.
+  int64_t profile_steps = 0;
+  std::string trace_dir;
 };
 
 /// The initial weights every mode starts from (seeded), for the Python twin:

@@ -7,7 +7,8 @@ CASE is one of:
             steps' losses within 1e-2; the run folder holds what the README
             says; the same command again reports the finished run
   errors    a missing or empty corpus, a context longer than the data, a
-            vocabulary that does not fit, an --out of other options: exit 2,
+            vocabulary that does not fit, --profile of every step, an --out
+            of other options: exit 2,
             a message naming the value, nothing written
   resume    killed with SIGKILL (after a step, inside a checkpoint write, in
             the second mode, bf16-sr, and the third) and run again with the same command: metrics.csv
@@ -19,10 +20,16 @@ CASE is one of:
             restarted and the job ends byte-identical to an uninterrupted one
   python    EXTRA = PYTHON TWIN: the same run in Python (gpt_python.py
             --check): step 0's loss within 1e-5 in float32 and float16, the
-            same scales and skips in fp16+scaler. Exit 77 (skip) without a CPU
-            GradScaler in that torch
+            same scales and skips in fp16+scaler; both sides --profile'd, and
+            profile_report.py shows the two side by side. Exit 77 (skip)
+            without a CPU GradScaler in that torch
+  profile   --profile 2: each mode's trace holds 2 marked steps of ATen
+            operators, tokens/s counts the others; profile_report.py's
+            figures from that trace, and from a hand-made GPU trace whose
+            answers are known (EXTRA = REPORT: profile_report.py)
 """
 import csv
+import json
 import os
 import shutil
 import socket
@@ -133,6 +140,7 @@ def case_errors():
         (["--data", corpus, "--vocab", "10"], "--vocab 10", "a vocabulary that does not fit"),
         (["--d-model", "30", "--heads", "4"], "--d-model 30", "heads that do not divide d"),
         (["--modes", "nosuch"], "nosuch", "an unknown mode"),
+        (["--steps", "5", "--profile", "5"], "--profile 5", "every step profiled"),
     ]
     for args, needle, what in bad:
         p = run(TINY + args + ["--out", out], expect=2)
@@ -270,19 +278,78 @@ def case_python():
     python, twin = EXTRA[0], EXTRA[1]
     out = os.path.join(WORK, "run")
     modes = "fp32,bf16,bf16-params" + (",fp16+scaler" if fp16_here() else "")
-    run(TINY + ["--steps", "12", "--modes", modes, "--sample", "0", "--out", out])
-    p = subprocess.run([python, twin, out, "--check", "--threads", "1"], capture_output=True,
-                       text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    run(TINY + ["--steps", "12", "--modes", modes, "--sample", "0", "--profile", "2", "--out", out])
+    p = subprocess.run([python, twin, out, "--check", "--threads", "1", "--profile", "2"],
+                       capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     print(p.stdout[-4000:], p.stderr[-3000:], sep="\n")
     if p.returncode == 77:
         sys.exit(77)
-    check(p.returncode == 0, "gpt_python.py --check: the runs agree")
+    check(p.returncode == 0, "gpt_python.py --check: the runs agree (both sides profiled)")
     rep = run(["--report", out])
     check("Python tokens/s" in rep.stdout, "--report shows both runs")
+    where = subprocess.run([sys.executable, os.path.join(os.path.dirname(twin), "profile_report.py"),
+                            out], capture_output=True, text=True)
+    print(where.stdout[-3000:], where.stderr[-2000:])
+    check(where.returncode == 0 and "where the time goes: fp32, 2 profiled step(s)" in where.stdout
+          and "C++ eager          Python" in where.stdout
+          and "Python, top operators" in where.stdout,
+          "profile_report.py: C++ and Python side by side, 2 steps each")
+
+
+def case_profile():
+    report = EXTRA[0]
+    out = os.path.join(WORK, "run")
+    p = run(TINY + ["--steps", "6", "--modes", "fp32,bf16", "--sample", "0", "--profile", "2",
+                    "--out", out])
+    for mode in ("fp32", "bf16"):
+        with open(os.path.join(out, "trace-%s.json" % mode)) as f:
+            events = json.load(f)["traceEvents"]
+        steps = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") == "step"]
+        ops = {e["name"] for e in events if e.get("cat") == "cpu_op"}
+        check(len(steps) == 2 and {"aten::addmm", "aten::mm", "aten::copy_"} <= ops,
+              "%s: trace-%s.json holds 2 marked steps of ATen operators (%d steps, %d operators)"
+              % (mode, mode, len(steps), len(ops)))
+    speed = {r["mode"]: float(r["tokens_per_s"]) for r in rows(os.path.join(out, "summary.csv"))}
+    check(all(v > 0 for v in speed.values()), "tokens/s over the 3 steps not profiled: %s" % speed)
+    where = subprocess.run([sys.executable, report, out], capture_output=True, text=True)
+    print(where.stdout[-2000:], where.stderr[-2000:])
+    check(where.returncode == 0 and "where the time goes: fp32, 2 profiled step(s)" in where.stdout
+          and "host in operators" in where.stdout and "device busy" not in where.stdout
+          and "C++ eager, top operators" in where.stdout,
+          "profile_report.py: the CPU run's figures, no GPU rows")
+    # A GPU's trace by hand, its figures known: two 10 ms steps; in them two
+    # kernel launches, one graph launch and one sync; three kernels (two of
+    # them overlapping) and a copy: busy 2 + 4 + 2 = 8 ms of 20; an operator
+    # in another (host in operators 8 of 20; self times 6 and 2).
+    def x(cat, name, ts, dur, tid=1):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts * 1000.0, "dur": dur * 1000.0,
+                "pid": 1, "tid": tid}
+    gpu = os.path.join(WORK, "gpu")
+    os.makedirs(gpu)
+    events = [x("user_annotation", "step", 0, 10), x("user_annotation", "step", 10, 10),
+              x("cpu_op", "aten::mm", 1, 8), x("cpu_op", "aten::addmm", 3, 2),
+              x("cuda_runtime", "cudaLaunchKernel", 2, 0.5), x("cuda_runtime", "cudaLaunchKernel", 4, 0.5),
+              x("cuda_runtime", "cudaGraphLaunch", 11, 0.5),
+              x("cuda_runtime", "cudaStreamSynchronize", 12, 5),
+              x("kernel", "gemm", 2, 2, 7), x("kernel", "gemm", 5, 3, 7), x("kernel", "add", 6, 3, 8),
+              x("gpu_memcpy", "Memcpy DtoH", 14, 2, 7)]
+    with open(os.path.join(gpu, "trace-cuda-fp16+scaler.json"), "w") as f:
+        json.dump({"traceEvents": events}, f)
+    where = subprocess.run([sys.executable, report, gpu], capture_output=True, text=True)
+    print(where.stdout[-2000:], where.stderr[-2000:])
+    lines = {l[:22].strip(): l[22:].strip() for l in where.stdout.splitlines()}
+    want = {"step": "10.000 ms", "host in operators": "4.000 ms", "host between them": "6.000 ms",
+            "device busy": "40% 4.000 ms", "kernels": "2", "launches": "1.5", "syncs": "0.5",
+            "operators": "1"}
+    got = {k: lines.get(k) for k in want}
+    check(got == want, "profile_report.py on a hand-made GPU trace: %s" % got)
+    check("top operators (host self ms a step): aten::mm 3.000; aten::addmm 1.000" in where.stdout
+          and "top kernels (device ms a step): gemm 2.500; add 1.500; Memcpy DtoH 1.000"
+          in where.stdout, "profile_report.py: self times and kernel times of the hand-made trace")
 
 
 {"modes": case_modes, "errors": case_errors, "resume": case_resume, "parallel": case_parallel,
- "python": case_python}[CASE]()
+ "python": case_python, "profile": case_profile}[CASE]()
 if failures:
     print("%d check(s) failed" % len(failures))
     sys.exit(1)
