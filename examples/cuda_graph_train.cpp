@@ -4,8 +4,9 @@
 // scaler's update. The scaler keeps its
 // scale and flags on the GPU, so nothing in the iteration reads back to the
 // host. The program checks that N replays give the bits of N eager
-// iterations, in float16 with a GradScaler (overflows injected from the data
-// on the device: skipped steps, backoffs and growths) and in bfloat16.
+// iterations, in float16 with a GradScaler and in bfloat16 with one
+// (overflows injected from the data on the device: skipped steps, backoffs
+// and growths), and in bfloat16 without one, as bfloat16 usually trains.
 //
 //   cuda_graph_train [iterations]     (default 100; exit 77 without a GPU)
 #include <torchamp/torchamp.h>
@@ -195,6 +196,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool fp16 = compare("fp16+scaler", torch::kHalf, true, n);
+  const bool bf16_scaled = compare("bf16+scaler", torch::kBFloat16, true, n);
   const bool bf16 = compare("bf16", torch::kBFloat16, false, n);
-  return fp16 && bf16 ? 0 : 1;
+  return fp16 && bf16_scaled && bf16 ? 0 : 1;
 }
