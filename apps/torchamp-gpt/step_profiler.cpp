@@ -2,6 +2,11 @@
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
 #include <set>
 #include <stdexcept>
 
@@ -13,6 +18,68 @@ namespace prof = torch::autograd::profiler;
 using torch::profiler::impl::ActivityType;
 using torch::profiler::impl::ProfilerConfig;
 using torch::profiler::impl::ProfilerState;
+
+// A KinetoEvent's start and duration in microseconds: LibTorch 2.x gives
+// nanoseconds (startNs), 1.13 microseconds (startUs); the overload that
+// compiles is taken.
+template <typename E>
+auto start_us(const E& e, int) -> decltype(static_cast<double>(e.startNs())) {
+  return static_cast<double>(e.startNs()) / 1e3;
+}
+template <typename E>
+double start_us(const E& e, long) {
+  return static_cast<double>(e.startUs());
+}
+template <typename E>
+auto duration_us(const E& e, int) -> decltype(static_cast<double>(e.durationNs())) {
+  return static_cast<double>(e.durationNs()) / 1e3;
+}
+template <typename E>
+double duration_us(const E& e, long) {
+  return static_cast<double>(e.durationUs());
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(ch));
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+// The trace where this LibTorch was built without Kineto (Debian's): the
+// host's operators and the "step" marks, in Kineto's Chrome-trace fields,
+// from the events the profiler collected without it.
+void write_host_trace(const prof::ProfilerResult& result, const std::string& path) {
+  std::ofstream out(path);
+  out << std::fixed << std::setprecision(3) << "{\"traceEvents\": [";
+  const char* sep = "\n";
+  for (const auto& e : result.events()) {
+    const bool user = e.scope() == static_cast<uint8_t>(at::RecordScope::USER_SCOPE);
+    out << sep << "{\"ph\": \"X\", \"cat\": \""
+        << (e.deviceType() != c10::DeviceType::CPU ? "kernel"
+            : user                                 ? "user_annotation"
+                                                   : "cpu_op")
+        << "\", \"name\": " << json_string(e.name())
+        << ", \"pid\": 0, \"tid\": " << e.startThreadId() << ", \"ts\": " << start_us(e, 0)
+        << ", \"dur\": " << duration_us(e, 0) << "}";
+    sep = ",\n";
+  }
+  out << "\n]}\n";
+  out.close();
+  if (!out) {
+    throw std::runtime_error("--profile: could not write " + path);
+  }
+}
 
 }  // namespace
 
@@ -44,7 +111,12 @@ StepProfiler::~StepProfiler() {
 
 void StepProfiler::save(const std::string& path) {
   on_ = false;
-  prof::disableProfiler()->save(path);
+  const auto result = prof::disableProfiler();
+  try {
+    result->save(path);          // Kineto's own trace
+  } catch (const c10::Error&) {  // "requires ... Kineto support": this LibTorch has none
+    write_host_trace(*result, path);
+  }
 }
 
 }  // namespace torchamp_gpt
