@@ -108,11 +108,11 @@ torchamp_wheel_venv() {
 # wheels are CUDA builds: Debian 13's Python 3.13 gets one), the wheel's CMake
 # config needs a CUDA toolkit (nvcc, cudart) to configure, even for CPU-only
 # use. pip then also brings NVIDIA's toolkit of the version the wheel pins
-# (cuda-toolkit[nvcc,cudart,cccl]) into the same venv, plus the two links CMake and
+# (cuda-toolkit[nvcc,nvvm,crt,cudart,cccl]) into the same venv, plus the two links CMake and
 # nvcc look for (unversioned lib*.so names, lib64), and these arguments point
 # CMake at it. Nothing outside the venv is touched.
 torchamp_wheel_cuda_args() {
-  local venv="$1" info major version site root f
+  local venv="$1" info major version site root f req stamp
   info=$("$venv/bin/python" - <<'PY'
 import importlib.metadata as md, os, re, torch
 if torch.version.cuda:
@@ -127,10 +127,17 @@ PY
   root="$site/nvidia/cu$major"
   # cccl: CUDA's own headers include <nv/target> (libcu++), which c10d's NCCL
   # headers reach through cuda_fp16.h (failed in a Debian 13 root without it).
-  if [ ! -x "$root/bin/nvcc" ] || [ ! -e "$root/include/nv/target" ]; then
+  # nvvm and crt: nvcc's wheel asks for them unpinned, so pip took the newest
+  # (13.5's cicc writes PTX 9.5, which 13.0's ptxas refuses: CMake's CUDA
+  # compiler check failed); the toolkit's extras pin them to its release. The
+  # stamp names what was installed, so a venv made before is mended.
+  req="cuda-toolkit[nvcc,nvvm,crt,cudart,cccl]==$version"
+  stamp="$root/.torchamp-toolkit"
+  if [ ! -x "$root/bin/nvcc" ] || [ ! -e "$root/include/nv/target" ] ||
+    [ "$(cat "$stamp" 2>/dev/null)" != "$req" ]; then
     echo "== pip: this Python's torch is a CUDA $version build (no CPU wheel for it);" \
-      "its CMake config needs a CUDA toolkit: cuda-toolkit[nvcc,cudart,cccl]==$version" >&2
-    "$venv/bin/pip" install -q "cuda-toolkit[nvcc,cudart,cccl]==$version" >&2
+      "its CMake config needs a CUDA toolkit: $req" >&2
+    "$venv/bin/pip" install -q "$req" >&2 && echo "$req" >"$stamp"
   fi
   [ -x "$root/bin/nvcc" ] && [ -d "$root/lib" ] && [ -e "$root/include/nv/target" ] ||
     { echo "error: no CUDA toolkit at $root after pip installed it" >&2; return 1; }
