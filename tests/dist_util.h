@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "../apps/common/remove_tree.h"
+
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -48,7 +50,7 @@ inline std::vector<std::vector<std::string>> run_ranks(const std::string& scenar
   const fs::path dir =
       fs::path(::testing::TempDir()) /
       ("dist-" + scenario + "-" + std::to_string(world) + "-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  torchamp_apps::remove_tree(dir.string());
   fs::create_directories(dir);
   const std::string store = (dir / "store").string();
   std::vector<pid_t> pids;
@@ -86,7 +88,7 @@ inline std::vector<std::vector<std::string>> run_ranks(const std::string& scenar
     outputs.push_back(read_lines(dir / std::to_string(rank)));
   }
   if (!::testing::Test::HasFailure()) {  // a failure's files stay, to be read
-    fs::remove_all(dir);
+    torchamp_apps::remove_tree(dir.string());
   }
   return outputs;
 }

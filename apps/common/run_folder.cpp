@@ -1,5 +1,7 @@
 #include "run_folder.h"
 
+#include "remove_tree.h"
+
 #include <iomanip>
 #include <iostream>
 #include <stdexcept>
@@ -111,7 +113,7 @@ void RunFolder::start(const Options& options, const std::string& metrics_header,
   fs::remove(path(run_files::kOldOptions));
   fs::remove(checkpoint());
   fs::remove(path(run_files::kFinished));
-  fs::remove_all(path(run_files::kRanks));  // an earlier run's, perhaps on more processes
+  remove_tree(path(run_files::kRanks).string());  // an earlier run's, perhaps on more processes
   fs::create_directories(path(run_files::kRanks));
   logs_.start(metrics_header, summary_header);
   saved_ = options;
