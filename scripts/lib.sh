@@ -137,7 +137,8 @@ PY
     [ "$(cat "$stamp" 2>/dev/null)" != "$req" ]; then
     echo "== pip: this Python's torch is a CUDA $version build (no CPU wheel for it);" \
       "its CMake config needs a CUDA toolkit: $req" >&2
-    "$venv/bin/pip" install -q "$req" >&2 && echo "$req" >"$stamp"
+    "$venv/bin/pip" install -q "$req" >&2 || { echo "error: pip could not install $req" >&2; return 1; }
+    echo "$req" >"$stamp"
   fi
   [ -x "$root/bin/nvcc" ] && [ -d "$root/lib" ] && [ -e "$root/include/nv/target" ] ||
     { echo "error: no CUDA toolkit at $root after pip installed it" >&2; return 1; }

@@ -19,11 +19,15 @@ namespace torchamp_apps {
 /// Removes `path` and everything under it; nothing where it does not exist.
 /// Throws std::system_error naming the path where an entry cannot go.
 inline void remove_tree(const std::string& path) {
+  // An entry gone meanwhile is no failure (nftw would stop at it).
   const auto remove_one = [](const char* p, const struct stat*, int, struct FTW*) {
-    return std::remove(p) == 0 ? 0 : -1;
+    return std::remove(p) == 0 || errno == ENOENT ? 0 : -1;
   };
-  if (nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT) {
-    throw std::system_error(errno, std::generic_category(), "cannot remove " + path);
+  if (nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+    const int error = errno;
+    if (error != ENOENT) {  // ENOENT here: no `path` at all
+      throw std::system_error(error, std::generic_category(), "cannot remove " + path);
+    }
   }
 }
 

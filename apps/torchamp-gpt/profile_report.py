@@ -23,8 +23,10 @@ average, side by side for C++ eager, C++ captured (MODE+graph) and Python:
                        blocking cudaMemcpy)
   operators            ATen operators called on the host
 
-(the four GPU rows only where a trace holds a GPU's events), then the top K operators by host self time and the top K kernels by device
-time. Standard library only: it runs with any python3.
+(the four GPU rows only where a trace holds a GPU's events; the GPU's
+figures count the kernels that overlap a step), then the top K operators by
+host self time and the top K kernels by device time. Standard library
+only: it runs with any python3.
 """
 import argparse
 import glob
@@ -81,7 +83,10 @@ def summarize(path):
         return any(a <= e["ts"] < b for a, b in windows)
 
     ops = [e for e in events if e.get("cat") == "cpu_op" and inside(e)]
-    device = [e for e in events if e.get("cat") in DEVICE]
+    # Kernels run after their launch; those that overlap no step (an
+    # evaluation's, between steps) are not the steps'.
+    device = [e for e in events if e.get("cat") in DEVICE
+              and any(e["ts"] < b and a < e["ts"] + e["dur"] for a, b in windows)]
     runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and inside(e)]
     kernel_time = {}
     for e in device:

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
+#include <iostream>
 #include <set>
 #include <stdexcept>
 
@@ -113,8 +114,10 @@ void StepProfiler::save(const std::string& path) {
   on_ = false;
   const auto result = prof::disableProfiler();
   try {
-    result->save(path);          // Kineto's own trace
-  } catch (const c10::Error&) {  // "requires ... Kineto support": this LibTorch has none
+    result->save(path);            // Kineto's own trace
+  } catch (const c10::Error& e) {  // "requires ... Kineto support": this LibTorch has none
+    std::cerr << "torchamp-gpt: LibTorch did not save its trace (" << e.what_without_backtrace()
+              << "); " << path << " holds the host's operators, from the profiler's events\n";
     write_host_trace(*result, path);
   }
 }

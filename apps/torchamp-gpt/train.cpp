@@ -411,9 +411,10 @@ ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index,
       profiler.emplace(mode.device == c10::DeviceType::CUDA);
     }
     // Timed: the steps after this process's first, and in a captured mode
-    // those after the capture (its eager warm-up and the capture are not),
-    // and not those profiled.
-    const bool warm = step > start && (!mode.graph || graph.captured()) && !profiler;
+    // those after the capture (its eager warm-up and the capture are not).
+    // Those profiled count in neither sum (the fallback below included).
+    const bool profiled = profiler.has_value();
+    const bool warm = step > start && (!mode.graph || graph.captured()) && !profiled;
     const auto t0 = std::chrono::steady_clock::now();
     auto take_step = [&] {
       return t.on_device() ? device_optimizer_step(t, graph, step, lr, scale)
@@ -422,17 +423,19 @@ ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index,
     const StepOutcome out = profiler ? profiler->step(take_step) : take_step();
     scale = out.scale;
     const double dt = torchamp_apps::seconds_since(t0);
-    if (profiler && step + 1 == c.steps) {  // before the last evaluation
-      profiler->save(rt.trace_dir + "/trace-" + mode.name + ".json");
-      profiler.reset();
+    if (!profiled) {
+      (warm ? seconds : first_seconds) += dt;
+      ++(warm ? timed : untimed);
     }
-    (warm ? seconds : first_seconds) += dt;
-    ++(warm ? timed : untimed);
     last_loss = t.global_sum(out.loss);
     StepRow row{mode.name, step,
                 last_loss, std::numeric_limits<double>::quiet_NaN(),
                 out.scale, out.stepped ? 0 : 1,
                 lr,        torchamp_apps::seconds_since(t0)};
+    if (profiled && step + 1 == c.steps) {  // the trace: before the last evaluation
+      profiler->save(rt.trace_dir + "/trace-" + mode.name + ".json");
+      profiler.reset();
+    }
     if ((step + 1) % c.eval_every == 0 || step + 1 == c.steps) {
       row.val_loss = t.validate();
     }

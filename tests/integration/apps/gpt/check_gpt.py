@@ -319,8 +319,9 @@ def case_profile():
           "profile_report.py: the CPU run's figures, no GPU rows")
     # A GPU's trace by hand, its figures known: two 10 ms steps; in them two
     # kernel launches, one graph launch and one sync; three kernels (two of
-    # them overlapping) and a copy: busy 2 + 4 + 2 = 8 ms of 20; an operator
-    # in another (host in operators 8 of 20; self times 6 and 2).
+    # them overlapping) and a copy: busy 2 + 4 + 2 = 8 ms of 20; a kernel
+    # between the steps' ends and the trace's (an evaluation's), not theirs;
+    # an operator in another (host in operators 8 of 20; self times 6 and 2).
     def x(cat, name, ts, dur, tid=1):
         return {"ph": "X", "cat": cat, "name": name, "ts": ts * 1000.0, "dur": dur * 1000.0,
                 "pid": 1, "tid": tid}
@@ -332,7 +333,7 @@ def case_profile():
               x("cuda_runtime", "cudaGraphLaunch", 11, 0.5),
               x("cuda_runtime", "cudaStreamSynchronize", 12, 5),
               x("kernel", "gemm", 2, 2, 7), x("kernel", "gemm", 5, 3, 7), x("kernel", "add", 6, 3, 8),
-              x("gpu_memcpy", "Memcpy DtoH", 14, 2, 7)]
+              x("gpu_memcpy", "Memcpy DtoH", 14, 2, 7), x("kernel", "eval", 25, 3, 7)]
     with open(os.path.join(gpu, "trace-cuda-fp16+scaler.json"), "w") as f:
         json.dump({"traceEvents": events}, f)
     where = subprocess.run([sys.executable, report, gpu], capture_output=True, text=True)
