@@ -10,6 +10,7 @@
 #include <iostream>
 #include <set>
 #include <stdexcept>
+#include <utility>
 
 namespace torchamp_gpt {
 
@@ -21,23 +22,15 @@ using torch::profiler::impl::ProfilerConfig;
 using torch::profiler::impl::ProfilerState;
 
 // A KinetoEvent's start and duration in microseconds: LibTorch 2.x gives
-// nanoseconds (startNs), 1.13 microseconds (startUs); the overload that
-// compiles is taken.
+// nanoseconds (startNs, durationNs), 1.13 microseconds (startUs,
+// durationUs); the overload that compiles is taken (call with 0).
 template <typename E>
-auto start_us(const E& e, int) -> decltype(static_cast<double>(e.startNs())) {
-  return static_cast<double>(e.startNs()) / 1e3;
+auto span_us(const E& e, int) -> decltype(e.startNs(), std::pair<double, double>()) {
+  return {static_cast<double>(e.startNs()) / 1e3, static_cast<double>(e.durationNs()) / 1e3};
 }
 template <typename E>
-double start_us(const E& e, long) {
-  return static_cast<double>(e.startUs());
-}
-template <typename E>
-auto duration_us(const E& e, int) -> decltype(static_cast<double>(e.durationNs())) {
-  return static_cast<double>(e.durationNs()) / 1e3;
-}
-template <typename E>
-double duration_us(const E& e, long) {
-  return static_cast<double>(e.durationUs());
+std::pair<double, double> span_us(const E& e, long) {
+  return {static_cast<double>(e.startUs()), static_cast<double>(e.durationUs())};
 }
 
 std::string json_string(const std::string& s) {
@@ -66,13 +59,14 @@ void write_host_trace(const prof::ProfilerResult& result, const std::string& pat
   const char* sep = "\n";
   for (const auto& e : result.events()) {
     const bool user = e.scope() == static_cast<uint8_t>(at::RecordScope::USER_SCOPE);
+    const auto [start, duration] = span_us(e, 0);
     out << sep << "{\"ph\": \"X\", \"cat\": \""
         << (e.deviceType() != c10::DeviceType::CPU ? "kernel"
             : user                                 ? "user_annotation"
                                                    : "cpu_op")
         << "\", \"name\": " << json_string(e.name())
-        << ", \"pid\": 0, \"tid\": " << e.startThreadId() << ", \"ts\": " << start_us(e, 0)
-        << ", \"dur\": " << duration_us(e, 0) << "}";
+        << ", \"pid\": 0, \"tid\": " << e.startThreadId() << ", \"ts\": " << start
+        << ", \"dur\": " << duration << "}";
     sep = ",\n";
   }
   out << "\n]}\n";
