@@ -127,9 +127,10 @@ PY
   root="$site/nvidia/cu$major"
   # cccl: CUDA's own headers include <nv/target> (libcu++), which c10d's NCCL
   # headers reach through cuda_fp16.h (failed in a Debian 13 root without it).
-  # nvvm and crt: nvcc's wheel asks for them unpinned, so pip took the newest
-  # (13.5's cicc writes PTX 9.5, which 13.0's ptxas refuses: CMake's CUDA
-  # compiler check failed); the toolkit's extras pin them to its release. The
+  # nvvm and crt: nvcc's wheel asks for them unpinned, and cuda-toolkit 13.0.2
+  # (torch 2.11's) does not pin them, so pip took the newest (13.5's cicc
+  # writes PTX 9.5, which 13.0's ptxas refuses: CMake's CUDA compiler check
+  # failed); the toolkit's own extras pin them to its release. The
   # stamp names what was installed, so a venv made before is mended.
   req="cuda-toolkit[nvcc,nvvm,crt,cudart,cccl]==$version"
   stamp="$root/.torchamp-toolkit"
