@@ -30,7 +30,6 @@ RUN_DIR/python-trace-MODE.json: torchamp-gpt --profile's trace of the Python
 side (profile_report.py RUN_DIR compares them).
 """
 import argparse
-import contextlib
 import csv
 import ctypes
 import math
@@ -246,7 +245,7 @@ def train_mode(name, o, init, train, val, vocab, profile, run_dir):
     one = torch.ones((), device=device)
     scale = scaler.get_scale() if scaled else 1.0
     model.train()
-    profiler, mark, timed = None, contextlib.nullcontext(), 0
+    profiler, mark, timed = None, None, 0
     for step in range(o["steps"]):
         lr = lr_at(o, step)
         for group in opt.param_groups:

@@ -79,21 +79,21 @@ def summarize(path):
     n = len(steps)
     windows = [(e["ts"], e["ts"] + e["dur"]) for e in steps]
 
-    def inside(e):
-        return any(a <= e["ts"] < b for a, b in windows)
+    def step_end(e):  # the end of the step `e` starts in; None outside the steps
+        return next((b for a, b in windows if a <= e["ts"] < b), None)
 
-    ops = [e for e in events if e.get("cat") == "cpu_op" and inside(e)]
+    ops = [e for e in events if e.get("cat") == "cpu_op" and step_end(e) is not None]
     # Kernels run after their launch; those that overlap no step (an
     # evaluation's, between steps) are not the steps'.
     device = [e for e in events if e.get("cat") in DEVICE
               and any(e["ts"] < b and a < e["ts"] + e["dur"] for a, b in windows)]
-    runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and inside(e)]
+    runtime = [e for e in events
+               if e.get("cat") in ("cuda_runtime", "cuda_driver") and step_end(e) is not None]
     kernel_time = {}
     for e in device:
         kernel_time[e["name"]] = kernel_time.get(e["name"], 0.0) + e["dur"]
     wall = sum(b - a for a, b in windows)
-    in_ops = union([(e["ts"], min(e["ts"] + e["dur"], b)) for e in ops
-                    for a, b in windows if a <= e["ts"] < b])
+    in_ops = union([(e["ts"], min(e["ts"] + e["dur"], step_end(e))) for e in ops])
     busy = union([(e["ts"], e["ts"] + e["dur"]) for e in device])
     ms = 1e-3 / n  # microseconds in all -> milliseconds a step
     return {

@@ -299,8 +299,8 @@ def case_python():
 def case_profile():
     report = EXTRA[0]
     out = os.path.join(WORK, "run")
-    p = run(TINY + ["--steps", "6", "--modes", "fp32,bf16", "--sample", "0", "--profile", "2",
-                    "--out", out])
+    run(TINY + ["--steps", "6", "--modes", "fp32,bf16", "--sample", "0", "--profile", "2",
+                "--out", out])
     for mode in ("fp32", "bf16"):
         with open(os.path.join(out, "trace-%s.json" % mode)) as f:
             events = json.load(f)["traceEvents"]

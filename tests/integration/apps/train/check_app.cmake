@@ -13,8 +13,9 @@ file(MAKE_DIRECTORY "${WORK}")
 # the plateau the deep sigmoid net reaches, which rounding moves: within 3
 # points on the runs docs/demo.md shows, 80.78% against 95.82% on Debian
 # 13's LibTorch 2.6 with AVX-512 FP16 matmuls, where PyTorch's own
-# GradScaler on the same steps reached 94.71%. bfloat16 skips no step. Only with -DFULL=ON (the app.torchamp-train.default test), and then
-# only this: the checks below are app.torchamp-train's.
+# GradScaler on the same steps reached 94.71%. bfloat16 skips no step.
+# Only with -DFULL=ON (the app.torchamp-train.default test), and then only
+# this: the checks below are app.torchamp-train's.
 if(FULL)
   execute_process(COMMAND "${APP}" --out "${WORK}/default" RESULT_VARIABLE rc OUTPUT_VARIABLE out)
   if(NOT rc EQUAL 0)
