@@ -74,8 +74,10 @@ struct GradScalerOptions {
   /// true: the scale, its trackers and the found-inf flags live in tensors
   /// on the CPU and are updated there by ATen's AMP ops, as Python's
   /// `GradScaler("cpu")` and as they always do for CUDA tensors (no host
-  /// read in an iteration: docs/grad_scaler.md#where-the-state-lives). For
-  /// tests and parity; false (default): on the CPU they are host values.
+  /// read in an iteration: docs/grad_scaler.md#where-the-state-lives); a
+  /// disabled scaler's `clip_grad_norm_tensor_` then clips CPU gradients in
+  /// tensor ops too, as CUDA ones. For tests and parity; false (default): on
+  /// the CPU they are host values.
   TORCH_ARG(bool, device_state) = false;
 };
 
@@ -330,8 +332,8 @@ class GradScaler {
   // at every step while a CUDA graph is being captured on the scale's device.
   void check_capturable_(const char* call, bool host_optimizer) const;
   // Both clip_grad_norm_s: the norm; on a device scaler (and, disabled, for
-  // `tensor_form` with gradients off the CPU) NaN, and the norm tensor in
-  // *on_device.
+  // `tensor_form` with gradients off the CPU or device_state) NaN, and the
+  // norm tensor in *on_device.
   double clip_(torch::optim::Optimizer& optimizer, double max_norm, at::Tensor* on_device,
                bool tensor_form);
   // The stage checks of unscale_ and clip_grad_norm_.

@@ -575,7 +575,9 @@ double GradScaler::clip_(torch::optim::Optimizer& optimizer, double max_norm, at
                     "GradScaler::clip_grad_norm_: max_norm must be finite and >= 0, got ",
                     max_norm);
   if (!is_enabled()) {
-    if (tensor_form && grads_off_cpu(optimizer)) {  // no read back
+    // No read back: gradients off the CPU, or on it with device_state (the
+    // path CUDA takes, as the enabled scaler's).
+    if (tensor_form && (device_state_ || grads_off_cpu(optimizer))) {
       *on_device = clip_real_gradients_on_device(optimizer, max_norm);
       return std::numeric_limits<double>::quiet_NaN();
     }

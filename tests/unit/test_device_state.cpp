@@ -459,6 +459,43 @@ TEST(DeviceState, AnIterationReadsNothingBackToTheHost) {
   }
 }
 
+// Disabled (bfloat16 training needs no scale) with device_state, the clip
+// of CPU gradients takes the path CUDA ones take: Python's clip_grad_norm_
+// in tensor ops, no read back; its norm and gradients are the host clip's
+// (a float64 sum there: within float32 rounding).
+TEST(DeviceState, ADisabledScalerClipsInTensorOpsWithNoRead) {
+  for (const double max_norm : {0.05, 100.0}) {  // clipped, and not
+    SCOPED_TRACE(max_norm);
+    torch::manual_seed(0);
+    torch::nn::Linear model(8, 4);
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    auto grads = [&] {
+      opt.zero_grad();
+      torch::mse_loss(model->forward(torch::ones({3, 8})), torch::zeros({3, 4})).backward();
+    };
+    GradScaler host(GradScalerOptions().enabled(false));
+    GradScaler device(GradScalerOptions().enabled(false).device_state(true));
+    grads();
+    const at::Tensor host_norm = host.clip_grad_norm_tensor_(opt, max_norm);
+    std::vector<at::Tensor> host_grads;
+    for (const auto& p : model->parameters()) {
+      host_grads.push_back(p.grad().clone());
+    }
+    grads();
+    at::Tensor norm;
+    {
+      HostSyncs reads;
+      norm = device.clip_grad_norm_tensor_(opt, max_norm);
+      EXPECT_EQ(reads.count(), 0) << "the norm and the clip stay in tensors";
+    }
+    EXPECT_EQ(norm.scalar_type(), at::kFloat);
+    EXPECT_TRUE(torch::allclose(norm, host_norm, 1e-6, 0));
+    for (size_t i = 0; i < host_grads.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(model->parameters()[i].grad(), host_grads[i], 1e-6, 0)) << i;
+    }
+  }
+}
+
 // What the program asks of a device scaler it reads back; a setter or a
 // load writes the device state, and the schedule goes on from there.
 TEST(DeviceState, SettersAndLoadsWriteTheDeviceState) {
