@@ -130,6 +130,11 @@ void add_run_options(CLI::App& app, Args& a) {
   app.add_flag("--cuda-graph", a.cuda_graph,
                "Each CUDA mode also once more with its step captured in a CUDA graph and "
                "replayed (its mode +graph): the same bits, the time without the launches");
+  app.add_flag("--device-step", c.device_step,
+               "The CPU modes take the step the CUDA modes take, with no host read: the "
+               "scaler's state in tensors, ATen's fused AdamW, the rate a tensor, the norm "
+               "clipped on the device (LibTorch >= 2.4, --dropout 0): that step checked "
+               "without a GPU");
   app.add_option("--profile", a.profile_steps,
                  "Each mode's last N steps under LibTorch's profiler, into trace-MODE.json (a "
                  "Chrome trace; profile_report.py says where the time goes); not counted in "
@@ -185,6 +190,17 @@ void check(const Config& c) {
       throw std::invalid_argument("mode " + name +
                                   " captures its step in a CUDA graph: it needs --dropout 0, one "
                                   "process and no --checkpoint-layers");
+    }
+  }
+  if (c.device_step) {
+    if (c.model.dropout != 0) {
+      throw std::invalid_argument(
+          "--device-step takes no dropout (the step draws no masks on "
+          "the device): --dropout " +
+          torchamp_apps::cell(c.model.dropout) + " given");
+    }
+    if (const auto why = device_step_unsupported()) {
+      throw std::invalid_argument("--device-step does not run with this LibTorch: " + *why);
     }
   }
   if (c.min_lr > c.lr) {

@@ -84,7 +84,8 @@ torchamp::optim::AdamW make_optimizer(GPT& model, const Config& c, const Mode& m
   return torchamp::optim::AdamW(std::move(groups), options(c.weight_decay),
                                 torchamp::optim::FusedOptions()
                                     .master_weights(mode.masters)
-                                    .stochastic_rounding(mode.stochastic));
+                                    .stochastic_rounding(mode.stochastic)
+                                    .aten_kernels(c.device_step));
 }
 
 // One mode's training state: the model, its optimizer and scaler, and, on
@@ -109,7 +110,8 @@ struct Trainer {
         scaler(torchamp::GradScalerOptions()
                    .init_scale(c_.init_scale)
                    .growth_interval(c_.growth_interval)
-                   .enabled(mode_.scaler)) {}
+                   .enabled(mode_.scaler)
+                   .device_state(c_.device_step)) {}
 
   // Data-parallel from here on (after a resume's load: Module::load gives the
   // parameters new storage, which a Reducer built before would not see).
@@ -165,7 +167,10 @@ struct Trainer {
   // CUDA modes without dropout take a step with no host read (device_step),
   // which --cuda-graph captures: its micro-batches in fixed tensors on the
   // device, its rate in the optimizer's lr tensors, its loss left there.
-  bool on_device() const { return mode.device == c10::DeviceType::CUDA && c.model.dropout == 0; }
+  // --device-step (no dropout: checked) takes it on the CPU too.
+  bool on_device() const {
+    return (mode.device == c10::DeviceType::CUDA || c.device_step) && c.model.dropout == 0;
+  }
   at::Tensor xs, ys, step_loss, one;
   std::vector<at::Tensor> lrs;
 
@@ -348,30 +353,45 @@ Options Config::to_options() const {
   for (const auto& m : modes) {
     mode_list += (mode_list.empty() ? "" : ",") + m;
   }
-  return {{"layers", std::to_string(model.layers)},
-          {"heads", std::to_string(model.heads)},
-          {"d_model", std::to_string(model.d_model)},
-          {"context", std::to_string(model.context)},
-          {"dropout", g17(model.dropout)},
-          {"checkpoint_layers", model.checkpoint_layers ? "1" : "0"},
-          {"vocab", std::to_string(vocab)},
-          {"batch_size", std::to_string(batch_size)},
-          {"accum", std::to_string(accum)},
-          {"steps", std::to_string(steps)},
-          {"warmup", std::to_string(warmup)},
-          {"eval_every", std::to_string(eval_every)},
-          {"eval_batches", std::to_string(eval_batches)},
-          {"lr", g17(lr)},
-          {"min_lr", g17(min_lr)},
-          {"weight_decay", g17(weight_decay)},
-          {"clip", g17(clip)},
-          {"init_scale", g17(init_scale)},
-          {"growth_interval", std::to_string(growth_interval)},
-          {"seed", std::to_string(seed)},
-          {"data", data},
-          {"modes", mode_list},
-          {"deterministic", deterministic ? "1" : "0"},
-          {"world", std::to_string(world)}};
+  Options o{{"layers", std::to_string(model.layers)},
+            {"heads", std::to_string(model.heads)},
+            {"d_model", std::to_string(model.d_model)},
+            {"context", std::to_string(model.context)},
+            {"dropout", g17(model.dropout)},
+            {"checkpoint_layers", model.checkpoint_layers ? "1" : "0"},
+            {"vocab", std::to_string(vocab)},
+            {"batch_size", std::to_string(batch_size)},
+            {"accum", std::to_string(accum)},
+            {"steps", std::to_string(steps)},
+            {"warmup", std::to_string(warmup)},
+            {"eval_every", std::to_string(eval_every)},
+            {"eval_batches", std::to_string(eval_batches)},
+            {"lr", g17(lr)},
+            {"min_lr", g17(min_lr)},
+            {"weight_decay", g17(weight_decay)},
+            {"clip", g17(clip)},
+            {"init_scale", g17(init_scale)},
+            {"growth_interval", std::to_string(growth_interval)},
+            {"seed", std::to_string(seed)},
+            {"data", data},
+            {"modes", mode_list},
+            {"deterministic", deterministic ? "1" : "0"},
+            {"world", std::to_string(world)}};
+  if (device_step) {  // only where set: a folder from before the option continues
+    o.emplace("device_step", "1");
+  }
+  return o;
+}
+
+std::optional<std::string> device_step_unsupported() {
+  try {  // the optimizer --device-step makes, on one parameter
+    const std::vector<at::Tensor> p{at::zeros({1}).requires_grad_()};
+    torchamp::optim::AdamW(p, torch::optim::AdamWOptions(),
+                           torchamp::optim::FusedOptions().aten_kernels(true));
+    return std::nullopt;
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
 }
 
 GPT initial_model(const Config& config, int64_t vocab) {

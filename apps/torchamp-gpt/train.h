@@ -49,6 +49,10 @@ std::vector<std::string> default_modes();
 /// ("<mode>+graph"); std::invalid_argument when `modes` has no CUDA mode.
 std::vector<std::string> with_graph_modes(const std::vector<std::string>& modes);
 
+/// Whether this LibTorch runs --device-step (ATen's CPU fused AdamW: 2.4 and
+/// newer); else why not.
+std::optional<std::string> device_step_unsupported();
+
 /// Everything that decides a run's numbers (what --out's options.txt holds).
 struct Config {
   GPTConfig model;
@@ -70,6 +74,9 @@ struct Config {
   std::vector<std::string> modes;
   bool deterministic = true;  // MKL on one thread (same bits every run)
   int world = 1;              // ranks under torchrun
+  // --device-step: the CPU modes take the CUDA modes' step (no host read):
+  // the scaler's state in tensors, ATen's fused AdamW, the rate a tensor.
+  bool device_step = false;
 
   torchamp_apps::Options to_options() const;
 };

@@ -23,6 +23,14 @@ CASE is one of:
             same scales and skips in fp16+scaler; both sides --profile'd, and
             profile_report.py shows the two side by side. Exit 77 (skip)
             without a CPU GradScaler in that torch
+  device_step  EXTRA = 1 where LibTorch runs it (>= 2.4), else 0 (then it
+            must be refused: exit 2, nothing written). --device-step, the
+            CUDA modes' step on the CPU: the host step's scales and skips,
+            its losses within rounding (fp32 1e-4, bfloat16 1e-2); in the
+            profiled steps no host read outside ATen's kernels (the host
+            step has some) and ATen's fused AdamW and AMP ops; killed and
+            resumed, byte-identical; --dropout and an --out of the host
+            step refused
   profile   --profile 2: each mode's trace holds 2 marked steps of ATen
             operators, tokens/s counts the others; profile_report.py's
             figures from that trace, and from a hand-made GPU trace whose
@@ -296,6 +304,87 @@ def case_python():
           "profile_report.py: C++ and Python side by side, 2 steps each")
 
 
+def step_ops(trace):
+    """The operators a trace's marked steps call themselves (not those nested
+    in another operator: ATen's CPU fused kernels read their flags with item()),
+    counted, and the names of every operator in them."""
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("cat") == "user_annotation" and e.get("name") == "step"]
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op"
+                  and any(a <= e["ts"] < b for a, b in steps)),
+                 key=lambda e: (e.get("tid"), e["ts"], -e["dur"]))
+    top, end = {}, {}
+    for e in ops:
+        if e["ts"] >= end.get(e.get("tid"), -1.0):
+            top[e["name"]] = top.get(e["name"], 0) + 1
+            end[e.get("tid")] = e["ts"] + e["dur"]
+    return top, {e["name"] for e in ops}
+
+
+def case_device_step():
+    supported = EXTRA[0] == "1"
+    base = TINY + ["--dropout", "0", "--steps", "12", "--sample", "0", "--profile", "2"]
+    dev = os.path.join(WORK, "device")
+    if not supported:
+        p = run(base + ["--device-step", "--out", dev], expect=2)
+        check("--device-step does not run with this LibTorch" in p.stderr and not os.path.exists(dev),
+              "this LibTorch has no ATen CPU fused AdamW: --device-step refused, nothing written (%s)"
+              % p.stderr.strip()[-200:])
+        return
+    p = run(base + ["--device-step", "--dropout", "0.1", "--out", dev], expect=2)
+    check("--dropout 0.1" in p.stderr and not os.path.exists(dev),
+          "--device-step with dropout: exit 2 naming it, nothing written")
+    fp16 = fp16_here()
+    modes = ["fp32", "bf16", "bf16-sr"] + (["fp16+scaler"] if fp16 else [])
+    args = base + ["--modes", ",".join(modes), "--checkpoint-every", "5"]
+    host = os.path.join(WORK, "host")
+    run(args + ["--out", host])
+    run(args + ["--device-step", "--out", dev])
+    reads = ("aten::item", "aten::_local_scalar_dense", "aten::is_nonzero")
+    for mode in modes:
+        check(decisions(host, mode) == decisions(dev, mode),
+              "%s: the host step's scales and skips at every step" % mode)
+        a = [float(r["loss"]) for r in rows(os.path.join(host, "metrics.csv"), mode)]
+        b = [float(r["loss"]) for r in rows(os.path.join(dev, "metrics.csv"), mode)]
+        tol = 1e-2 if mode.startswith("bf16") else 1e-4
+        diff = max(abs(x - y) for x, y in zip(a, b))
+        check(len(a) == len(b) == 12 and diff <= tol,
+              "%s: the host step's losses within %g (max diff %.2g)" % (mode, tol, diff))
+        top, names = step_ops(os.path.join(dev, "trace-%s.json" % mode))
+        host_top, host_names = step_ops(os.path.join(host, "trace-%s.json" % mode))
+        found = {k: top[k] for k in reads if k in top}
+        check(not found and any(k in host_top for k in reads),
+              "%s: no host read in the device step's profiled steps (%s), some in the host "
+              "step's (%s)" % (mode, found, {k: host_top[k] for k in reads if k in host_top}))
+        want = {"aten::_fused_adamw_"} | ({"aten::_amp_update_scale_",
+                                           "aten::_amp_foreach_non_finite_check_and_unscale_"}
+                                          if mode == "fp16+scaler" else set())
+        check(want <= names and "aten::_fused_adamw_" not in host_names,
+              "%s: the device step runs %s (the host step torchamp's own kernels)"
+              % (mode, sorted(want)))
+    if fp16:
+        fp = rows(os.path.join(dev, "metrics.csv"), "fp16+scaler")
+        check(int(fp[-1]["skipped"]) > 0 and len({r["scale"] for r in fp}) > 2,
+              "fp16+scaler: overflows skipped (%s), the scale backed off and grew" % fp[-1]["skipped"])
+    # Killed after step 7 of the last mode (its checkpoint at step 5: the
+    # scaler's state in tensors, ATen's step counts) and run again.
+    killed = os.path.join(WORK, "killed")
+    run(args + ["--device-step", "--out", killed],
+        env={"TORCHAMP_TRAIN_KILL_AT_STEP": str(12 * (len(modes) - 1) + 7)}, expect=-9)
+    q = run(args + ["--device-step", "--out", killed])
+    check(", step 5 from" in q.stdout and
+          read(os.path.join(dev, "metrics.csv")) == read(os.path.join(killed, "metrics.csv")),
+          "killed in %s and resumed at step 5: metrics.csv byte-identical" % modes[-1])
+    check(table_values(dev) == table_values(killed),
+          "killed and resumed: the same final weights and table values")
+    p = run(args + ["--out", killed], expect=2)
+    check("whose --device_step is 1, but this one's is unset" in p.stderr,
+          "the device step's --out continued without --device-step: exit 2 naming it (%s)"
+          % p.stderr.strip()[-200:])
+
+
 def case_profile():
     report = EXTRA[0]
     out = os.path.join(WORK, "run")
@@ -350,7 +439,7 @@ def case_profile():
 
 
 {"modes": case_modes, "errors": case_errors, "resume": case_resume, "parallel": case_parallel,
- "python": case_python, "profile": case_profile}[CASE]()
+ "python": case_python, "profile": case_profile, "device_step": case_device_step}[CASE]()
 if failures:
     print("%d check(s) failed" % len(failures))
     sys.exit(1)
