@@ -8,6 +8,8 @@
 #include <ATen/Version.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_foreach_norm.h>
+#include <ATen/ops/linalg_vector_norm.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <c10/core/StorageImpl.h>
@@ -170,6 +172,34 @@ typename StateMap::key_type optim_state_key(const StateMap& /*state*/, const at:
 /// GradScaler arguments, from LibTorch 2.4 on (`_fused_sgd_` is younger than
 /// the Adam ones). Below that, CUDA parameters take the base class's step.
 constexpr bool kAtenFusedOptimizers = TORCHAMP_ATEN_FUSED_OPTIMIZERS;
+
+/// Whether ATen's `_foreach_norm` takes the result's dtype (newer LibTorch;
+/// 1.13's has none): detected from the declaration, not a version.
+template <typename List, typename = void>
+struct ForeachNormTakesDtype : std::false_type {};
+template <typename List>
+struct ForeachNormTakesDtype<List, std::void_t<decltype(at::_foreach_norm(
+                                       std::declval<List>(), std::declval<const at::Scalar&>(),
+                                       std::declval<c10::optional<at::ScalarType>>()))>>
+    : std::true_type {};
+
+/// Each tensor's 2-norm, accumulated and returned in float64 (dense tensors
+/// of one device and dtype): ATen's multi-tensor `_foreach_norm` where it
+/// takes a dtype (one kernel for the list on CUDA), else one
+/// `linalg_vector_norm` each (what `_foreach_norm` does on the CPU anyway).
+template <typename List = at::TensorList>
+std::vector<at::Tensor> norms_in_float64(List tensors) {
+  if constexpr (ForeachNormTakesDtype<List>::value) {
+    return at::_foreach_norm(tensors, 2, at::kDouble);
+  } else {
+    std::vector<at::Tensor> norms;
+    norms.reserve(tensors.size());
+    for (const at::Tensor& t : tensors) {
+      norms.push_back(at::linalg_vector_norm(t, 2, c10::nullopt, false, at::kDouble));
+    }
+    return norms;
+  }
+}
 
 /// One fused Adam (`decoupled`: AdamW) step over tensors of one device and
 /// dtype. `steps`: one float32 tensor per parameter on that device, the step

@@ -3,11 +3,13 @@
 
 #include "scaler/unscale.h"
 
+#include "compat/compat.h"
 #include "kernels/kernels.h"
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
@@ -171,10 +173,27 @@ std::vector<at::Tensor> unscale_on_devices(const std::vector<GradRef>& grads,
 
 at::Tensor sum_squares_on(const std::vector<GradRef>& grads, c10::Device device) {
   at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+  // Dense gradients by device and dtype: their float64 norms in one
+  // multi-tensor op (a few kernels for the lot, not four a gradient),
+  // squared and summed; a sparse one's values on their own.
+  std::vector<std::vector<at::Tensor>> groups;
   for (const GradRef& ref : grads) {
     const at::Tensor& grad = ref.param.grad();
-    const at::Tensor values = grad.is_sparse() ? grad.coalesce()._values() : grad;
-    total.add_(values.to(at::kDouble).square().sum().to(device));
+    if (grad.is_sparse()) {
+      total.add_(grad.coalesce()._values().to(at::kDouble).square().sum().to(device));
+      continue;
+    }
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const std::vector<at::Tensor>& g) {
+      return g.front().device() == grad.device() && g.front().scalar_type() == grad.scalar_type();
+    });
+    if (it == groups.end()) {
+      groups.emplace_back();
+      it = groups.end() - 1;
+    }
+    it->push_back(grad);
+  }
+  for (const std::vector<at::Tensor>& g : groups) {
+    total.add_(at::stack(compat::norms_in_float64(g)).square().sum().to(device));
   }
   return total;
 }

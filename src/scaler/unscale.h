@@ -73,8 +73,10 @@ bool any_of(const std::vector<uint8_t>& flags);
 std::vector<at::Tensor> unscale_on_devices(const std::vector<GradRef>& grads,
                                            const at::Tensor& inv_scale);
 
-/// `sum_squares` as a 0-dim float64 tensor on `device`, added in the same
-/// order, with no host read.
+/// `sum_squares` as a 0-dim float64 tensor on `device`, with no host read:
+/// the squares of the gradients' float64 norms (one multi-tensor op per
+/// device and dtype), so its last bits may differ from `sum_squares`'; the
+/// float32 norm made from it is the same but at a rounding boundary.
 at::Tensor sum_squares_on(const std::vector<GradRef>& grads, c10::Device device);
 
 }  // namespace detail
