@@ -8,6 +8,7 @@
 #include <ATen/Version.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <c10/core/DeviceType.h>
@@ -183,12 +184,39 @@ struct ForeachNormTakesDtype<List, std::void_t<decltype(at::_foreach_norm(
                                        std::declval<c10::optional<at::ScalarType>>()))>>
     : std::true_type {};
 
+/// Whether ATen has `_foreach_mul_(TensorList, const Tensor&)` (2.1 and
+/// newer; before, a Tensor argument would bind to the TensorList overload as
+/// a one-element list): the overload's exact type, not a call.
+template <typename List, typename = void>
+struct ForeachMulTakesTensor : std::false_type {};
+template <typename List>
+struct ForeachMulTakesTensor<
+    List, std::void_t<decltype(static_cast<void (*)(List, const at::Tensor&)>(&at::_foreach_mul_))>>
+    : std::true_type {};
+
+/// Every tensor times the 0-dim `factor` (on their device), in place: ATen's
+/// multi-tensor `_foreach_mul_` (one kernel on CUDA) where it takes a tensor,
+/// else a `mul_` each (the same bits).
+template <typename List>
+void foreach_mul_in(List tensors, const at::Tensor& factor) {
+  if constexpr (ForeachMulTakesTensor<List>::value) {
+    at::_foreach_mul_(tensors, factor);
+  } else {
+    for (const at::Tensor& t : tensors) {
+      t.mul_(factor);
+    }
+  }
+}
+inline void foreach_mul_(at::TensorList tensors, const at::Tensor& factor) {
+  foreach_mul_in<at::TensorList>(tensors, factor);
+}
+
 /// Each tensor's 2-norm, accumulated and returned in float64 (dense tensors
 /// of one device and dtype): ATen's multi-tensor `_foreach_norm` where it
 /// takes a dtype (one kernel for the list on CUDA), else one
 /// `linalg_vector_norm` each (what `_foreach_norm` does on the CPU anyway).
-template <typename List = at::TensorList>
-std::vector<at::Tensor> norms_in_float64(List tensors) {
+template <typename List>
+std::vector<at::Tensor> norms_in_float64_in(List tensors) {
   if constexpr (ForeachNormTakesDtype<List>::value) {
     return at::_foreach_norm(tensors, 2, at::kDouble);
   } else {
@@ -199,6 +227,9 @@ std::vector<at::Tensor> norms_in_float64(List tensors) {
     }
     return norms;
   }
+}
+inline std::vector<at::Tensor> norms_in_float64(at::TensorList tensors) {
+  return norms_in_float64_in<at::TensorList>(tensors);
 }
 
 /// One fused Adam (`decoupled`: AdamW) step over tensors of one device and

@@ -6,11 +6,13 @@
 #include <torchamp/grad_scaler.h>
 
 #include "compat/capture.h"
+#include "compat/compat.h"
 #include "scaler/grad_cache.h"
 #include "scaler/unscale.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/isfinite.h>
@@ -519,22 +521,39 @@ bool grads_off_cpu(const torch::optim::Optimizer& optimizer) {
 }
 
 // Python's clip_grad_norm_ in tensor ops, for gradients off the CPU with no
-// scaler: the norm of the per-gradient norms, then every gradient times the
-// clamped coefficient (also 1), with no read back.
+// scaler: as its foreach path, per device and dtype (in order of first
+// appearance) the gradients' norms (_foreach_norm: one kernel on CUDA), the
+// norm of those norms, then every gradient times the clamped coefficient
+// (also 1; _foreach_mul_), with no read back.
 at::Tensor clip_real_gradients_on_device(torch::optim::Optimizer& optimizer, double max_norm) {
   const std::vector<detail::GradRef> refs = detail::checked_grads(optimizer, true);
-  std::vector<at::Tensor> grads, norms;
+  std::vector<std::vector<at::Tensor>> groups;
   for (const detail::GradRef& ref : refs) {
     at::Tensor& grad = ref.param.mutable_grad();
-    grads.push_back(grad.is_sparse() ? grad._values() : grad);
-    norms.push_back(at::linalg_vector_norm(grads.back(), 2));
+    const at::Tensor values = grad.is_sparse() ? grad._values() : grad;
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const std::vector<at::Tensor>& g) {
+      return g.front().device() == values.device() &&
+             g.front().scalar_type() == values.scalar_type();
+    });
+    if (it == groups.end()) {
+      groups.emplace_back();
+      it = groups.end() - 1;
+    }
+    it->push_back(values);
   }
-  TORCH_CHECK(!grads.empty(), "clip_grad_norm_tensor_: the optimizer has no gradients");
+  TORCH_CHECK(!groups.empty(), "clip_grad_norm_tensor_: the optimizer has no gradients");
+  const c10::Device first = groups.front().front().device();
+  std::vector<at::Tensor> norms;
+  for (const std::vector<at::Tensor>& g : groups) {
+    for (const at::Tensor& n : at::_foreach_norm(g, 2)) {
+      norms.push_back(n.device() == first ? n : n.to(first));
+    }
+  }
   const at::Tensor norm = at::linalg_vector_norm(at::stack(norms), 2);
   const at::Tensor coef = norm.add(1e-6).reciprocal().mul(max_norm).clamp_max(1.0);
   at::NoGradGuard no_grad;
-  for (at::Tensor& grad : grads) {
-    grad.mul_(coef.to(grad.device()));
+  for (const std::vector<at::Tensor>& g : groups) {
+    compat::foreach_mul_(g, coef.to(g.front().device()));
   }
   return norm;
 }

@@ -490,31 +490,35 @@ thread_local int TopLevelOps::depth_ = 0;
 // A device scaler's norm for the folded clip takes the gradients' float64
 // norms in one multi-tensor op (ATen's _foreach_norm, where it takes a
 // dtype; else a norm each), not a cast, a square, a sum and an add a
-// gradient: on a GPU each of those is a kernel launch.
-TEST(DeviceState, TheClipsNormIsNotFourOperatorsAGradient) {
-  auto ops_for = [](int n) {
-    std::vector<at::Tensor> params;
-    for (int i = 0; i < n; ++i) {
-      params.push_back(torch::ones({3, 5}).requires_grad_());
-    }
-    torchamp::optim::SGD opt(params, torch::optim::SGDOptions(0.1));
-    GradScaler scaler(GradScalerOptions().init_scale(4).device_state(true));
-    scaler.scale(torch::zeros({})).item<float>();  // the state made before counting
-    for (int i = 0; i < n; ++i) {
-      params[i].mutable_grad() = torch::full({3, 5}, 4.0 * (i + 1));
-    }
-    TopLevelOps ops;
-    const at::Tensor norm = scaler.clip_grad_norm_tensor_(opt, 1.0);
-    const int count = ops.count();
-    double want = 0;
-    for (int i = 0; i < n; ++i) {
-      want += 15.0 * (i + 1) * (i + 1);
-    }
-    EXPECT_FLOAT_EQ(norm.item<float>(), static_cast<float>(std::sqrt(want))) << n;
-    return count;
-  };
-  const int few = ops_for(4), many = ops_for(40);
-  EXPECT_LE(many - few, 36) << "operators for 4 gradients: " << few << ", for 40: " << many;
+// gradient; disabled, its clip is Python's foreach one (_foreach_norm and
+// _foreach_mul_), not a norm, a copy and a multiply a gradient. On a GPU
+// each of those is a kernel launch.
+TEST(DeviceState, TheClipsNormIsNotOperatorsAGradient) {
+  for (const bool enabled : {true, false}) {
+    SCOPED_TRACE(enabled ? "enabled" : "disabled");
+    auto ops_for = [enabled](int n) {
+      std::vector<at::Tensor> params;
+      for (int i = 0; i < n; ++i) {
+        params.push_back(torch::ones({3, 5}).requires_grad_());
+      }
+      torchamp::optim::SGD opt(params, torch::optim::SGDOptions(0.1));
+      GradScaler scaler(GradScalerOptions().init_scale(4).enabled(enabled).device_state(true));
+      scaler.scale(torch::zeros({})).item<float>();  // the state made before counting
+      const double scale = enabled ? 4.0 : 1.0;
+      double want = 0;
+      for (int i = 0; i < n; ++i) {
+        params[i].mutable_grad() = torch::full({3, 5}, scale * (i + 1));
+        want += 15.0 * (i + 1) * (i + 1);
+      }
+      TopLevelOps ops;
+      const at::Tensor norm = scaler.clip_grad_norm_tensor_(opt, 1e6);  // no clip: the same bits
+      const int count = ops.count();
+      EXPECT_FLOAT_EQ(norm.item<float>(), static_cast<float>(std::sqrt(want))) << n;
+      return count;
+    };
+    const int few = ops_for(4), many = ops_for(40);
+    EXPECT_LE(many - few, 36) << "operators for 4 gradients: " << few << ", for 40: " << many;
+  }
 }
 
 // Disabled (bfloat16 training needs no scale) with device_state, the clip
