@@ -194,6 +194,15 @@ struct ForeachMulTakesTensor<
     List, std::void_t<decltype(static_cast<void (*)(List, const at::Tensor&)>(&at::_foreach_mul_))>>
     : std::true_type {};
 
+// Both ops came with LibTorch 2.1 (pytorch#102725, #106677): from 2.2 on a
+// false trait means their declarations changed, which would quietly bring
+// back an op a tensor.
+static_assert(
+    !TORCHAMP_TORCH_AT_LEAST(2, 2) || ForeachNormTakesDtype<at::TensorList>::value,
+    "_foreach_norm(TensorList, Scalar, optional<ScalarType>) not found: update the trait");
+static_assert(!TORCHAMP_TORCH_AT_LEAST(2, 2) || ForeachMulTakesTensor<at::TensorList>::value,
+              "_foreach_mul_(TensorList, const Tensor&) not found: update the trait");
+
 /// Every tensor times the 0-dim `factor` (on their device), in place: ATen's
 /// multi-tensor `_foreach_mul_` (one kernel on CUDA) where it takes a tensor,
 /// else a `mul_` each (the same bits).

@@ -520,16 +520,22 @@ bool grads_off_cpu(const torch::optim::Optimizer& optimizer) {
   return false;
 }
 
-// Python's clip_grad_norm_ in tensor ops, for gradients off the CPU with no
-// scaler: as its foreach path, per device and dtype (in order of first
-// appearance) the gradients' norms (_foreach_norm: one kernel on CUDA), the
-// norm of those norms, then every gradient times the clamped coefficient
-// (also 1; _foreach_mul_), with no read back.
+// Python's clip_grad_norm_ in tensor ops, for gradients off the CPU (or
+// with device_state) with no scaler: as its foreach path, per device and
+// dtype the gradients' norms (_foreach_norm: one kernel on CUDA), the norm
+// of those norms, then every gradient times the clamped coefficient (also 1,
+// and also where the norm is not finite, as Python; _foreach_mul_), with no
+// read back. The groups go in order of first appearance; Python's in its
+// hash map's, so with more than one group the norm's last bit may differ.
+// The norm has the gradients' dtype (Python's); none: a float32 0.
 at::Tensor clip_real_gradients_on_device(torch::optim::Optimizer& optimizer, double max_norm) {
   const std::vector<detail::GradRef> refs = detail::checked_grads(optimizer, true);
   std::vector<std::vector<at::Tensor>> groups;
   for (const detail::GradRef& ref : refs) {
     at::Tensor& grad = ref.param.mutable_grad();
+    if (grad.is_sparse()) {  // repeated indices counted once, as the host path
+      grad = grad.coalesce();
+    }
     const at::Tensor values = grad.is_sparse() ? grad._values() : grad;
     auto it = std::find_if(groups.begin(), groups.end(), [&](const std::vector<at::Tensor>& g) {
       return g.front().device() == values.device() &&
@@ -541,7 +547,9 @@ at::Tensor clip_real_gradients_on_device(torch::optim::Optimizer& optimizer, dou
     }
     it->push_back(values);
   }
-  TORCH_CHECK(!groups.empty(), "clip_grad_norm_tensor_: the optimizer has no gradients");
+  if (groups.empty()) {  // nothing to clip (Python: a 0 norm)
+    return at::zeros({}, at::kFloat);
+  }
   const c10::Device first = groups.front().front().device();
   std::vector<at::Tensor> norms;
   for (const std::vector<at::Tensor>& g : groups) {

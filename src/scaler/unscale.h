@@ -74,9 +74,11 @@ std::vector<at::Tensor> unscale_on_devices(const std::vector<GradRef>& grads,
                                            const at::Tensor& inv_scale);
 
 /// `sum_squares` as a 0-dim float64 tensor on `device`, with no host read:
-/// the squares of the gradients' float64 norms (one multi-tensor op per
-/// device and dtype), so its last bits may differ from `sum_squares`'; the
-/// float32 norm made from it is the same but at a rounding boundary.
+/// the squares of the dense gradients' float64 norms (one multi-tensor op
+/// per device and dtype where `_foreach_norm` takes a dtype, LibTorch 2.1
+/// on; before, a norm each), a sparse one's values on their own; its last
+/// bits may differ from `sum_squares`', the float32 norm made from it only
+/// at a rounding boundary.
 at::Tensor sum_squares_on(const std::vector<GradRef>& grads, c10::Device device);
 
 }  // namespace detail
