@@ -530,23 +530,15 @@ bool grads_off_cpu(const torch::optim::Optimizer& optimizer) {
 // The norm has the gradients' dtype (Python's); none: a float32 0.
 at::Tensor clip_real_gradients_on_device(torch::optim::Optimizer& optimizer, double max_norm) {
   const std::vector<detail::GradRef> refs = detail::checked_grads(optimizer, true);
-  std::vector<std::vector<at::Tensor>> groups;
+  std::vector<at::Tensor> values;
   for (const detail::GradRef& ref : refs) {
     at::Tensor& grad = ref.param.mutable_grad();
     if (grad.is_sparse()) {  // repeated indices counted once, as the host path
       grad = grad.coalesce();
     }
-    const at::Tensor values = grad.is_sparse() ? grad._values() : grad;
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const std::vector<at::Tensor>& g) {
-      return g.front().device() == values.device() &&
-             g.front().scalar_type() == values.scalar_type();
-    });
-    if (it == groups.end()) {
-      groups.emplace_back();
-      it = groups.end() - 1;
-    }
-    it->push_back(values);
+    values.push_back(grad.is_sparse() ? grad._values() : grad);
   }
+  const std::vector<std::vector<at::Tensor>> groups = detail::by_device_and_dtype(values);
   if (groups.empty()) {  // nothing to clip (Python: a 0 norm)
     return at::zeros({}, at::kFloat);
   }

@@ -118,12 +118,6 @@ bool any_of(const std::vector<uint8_t>& flags) {
 
 std::vector<at::Tensor> unscale_on_devices(const std::vector<GradRef>& grads,
                                            const at::Tensor& inv_scale) {
-  struct Group {
-    c10::Device device;
-    at::ScalarType dtype;
-    std::vector<at::Tensor> grads;
-  };
-  std::vector<Group> groups;
   std::vector<at::Tensor> found;
   auto flag_for = [&found](c10::Device device) -> at::Tensor& {
     for (at::Tensor& flag : found) {
@@ -134,29 +128,23 @@ std::vector<at::Tensor> unscale_on_devices(const std::vector<GradRef>& grads,
     found.push_back(at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device)));
     return found.back();
   };
+  std::vector<at::Tensor> values;
+  values.reserve(grads.size());
   for (const GradRef& ref : grads) {
-    const at::Tensor grad = values_of(ref);
-    flag_for(grad.device());
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
-      return g.device == grad.device() && g.dtype == grad.scalar_type();
-    });
-    if (it == groups.end()) {
-      groups.push_back({grad.device(), grad.scalar_type(), {}});
-      it = groups.end() - 1;
-    }
-    it->grads.push_back(grad);
+    values.push_back(values_of(ref));
   }
-  for (Group& g : groups) {
-    at::Tensor& flag = flag_for(g.device);
-    const at::Tensor inv =
-        inv_scale.defined() ? inv_scale.to(g.device)
-                            : at::ones({}, at::TensorOptions().dtype(at::kFloat).device(g.device));
+  for (const std::vector<at::Tensor>& g : by_device_and_dtype(values)) {
+    const c10::Device device = g.front().device();
+    at::Tensor& flag = flag_for(device);
+    const at::Tensor inv = inv_scale.defined()
+                               ? inv_scale.to(device)
+                               : at::ones({}, at::TensorOptions().dtype(at::kFloat).device(device));
     // ATen's CUDA kernel takes float32/float64/float16 only.
-    if (g.device.is_cpu() || (g.device.is_cuda() && g.dtype != at::kBFloat16)) {
-      at::_amp_foreach_non_finite_check_and_unscale_(g.grads, flag, inv);
+    if (device.is_cpu() || (device.is_cuda() && g.front().scalar_type() != at::kBFloat16)) {
+      at::_amp_foreach_non_finite_check_and_unscale_(g, flag, inv);
       continue;
     }
-    for (at::Tensor& grad : g.grads) {
+    for (const at::Tensor& grad : g) {
       flag.logical_or_(at::isfinite(grad).logical_not().any());
       if (!inv_scale.defined()) {
         continue;
@@ -171,28 +159,36 @@ std::vector<at::Tensor> unscale_on_devices(const std::vector<GradRef>& grads,
   return found;
 }
 
-at::Tensor sum_squares_on(const std::vector<GradRef>& grads, c10::Device device) {
-  at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
-  // Dense gradients by device and dtype: their float64 norms in one
-  // multi-tensor op (a few kernels for the lot, not four a gradient),
-  // squared and summed; a sparse one's values on their own.
+std::vector<std::vector<at::Tensor>> by_device_and_dtype(const std::vector<at::Tensor>& tensors) {
   std::vector<std::vector<at::Tensor>> groups;
-  for (const GradRef& ref : grads) {
-    const at::Tensor& grad = ref.param.grad();
-    if (grad.is_sparse()) {
-      total.add_(grad.coalesce()._values().to(at::kDouble).square().sum().to(device));
-      continue;
-    }
+  for (const at::Tensor& t : tensors) {
     auto it = std::find_if(groups.begin(), groups.end(), [&](const std::vector<at::Tensor>& g) {
-      return g.front().device() == grad.device() && g.front().scalar_type() == grad.scalar_type();
+      return g.front().device() == t.device() && g.front().scalar_type() == t.scalar_type();
     });
     if (it == groups.end()) {
       groups.emplace_back();
       it = groups.end() - 1;
     }
-    it->push_back(grad);
+    it->push_back(t);
   }
-  for (const std::vector<at::Tensor>& g : groups) {
+  return groups;
+}
+
+at::Tensor sum_squares_on(const std::vector<GradRef>& grads, c10::Device device) {
+  at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+  // Dense gradients by device and dtype: their float64 norms in one
+  // multi-tensor op (a few kernels for the lot, not four a gradient),
+  // squared and summed; a sparse one's values on their own.
+  std::vector<at::Tensor> dense;
+  for (const GradRef& ref : grads) {
+    const at::Tensor& grad = ref.param.grad();
+    if (grad.is_sparse()) {
+      total.add_(grad.coalesce()._values().to(at::kDouble).square().sum().to(device));
+    } else {
+      dense.push_back(grad);
+    }
+  }
+  for (const std::vector<at::Tensor>& g : by_device_and_dtype(dense)) {
     total.add_(at::stack(compat::norms_in_float64(g)).square().sum().to(device));
   }
   return total;

@@ -73,6 +73,10 @@ bool any_of(const std::vector<uint8_t>& flags);
 std::vector<at::Tensor> unscale_on_devices(const std::vector<GradRef>& grads,
                                            const at::Tensor& inv_scale);
 
+/// `tensors` by device and dtype (the lists ATen's multi-tensor ops take):
+/// the groups in order of first appearance, each in the given order.
+std::vector<std::vector<at::Tensor>> by_device_and_dtype(const std::vector<at::Tensor>& tensors);
+
 /// `sum_squares` as a 0-dim float64 tensor on `device`, with no host read:
 /// the squares of the dense gradients' float64 norms (one multi-tensor op
 /// per device and dtype where `_foreach_norm` takes a dtype, LibTorch 2.1
