@@ -5,9 +5,11 @@
 #include <torchamp/grad_scaler.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 
 namespace torchamp_test {
@@ -42,6 +44,46 @@ class ScopedThreads {
 
  private:
   int was_;
+};
+
+/// Counts, while it lives, the ATen operators this thread calls at the top
+/// (not those they call), as kernel launches on a GPU would be counted.
+/// With `kernels_only`, not those that only make a view of a tensor (no
+/// kernel on any device; a reshape counts as one, as it is of a contiguous
+/// tensor).
+class TopLevelOps {
+ public:
+  explicit TopLevelOps(bool kernels_only = false) {
+    count_ = 0;
+    kernels_only_ = kernels_only;
+    handle_ = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(
+            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+              count_ += depth_++ == 0 && !(kernels_only_ && is_view(fn.name())) ? 1 : 0;
+              return nullptr;
+            },
+            [](const at::RecordFunction& /*fn*/, at::ObserverContext* /*context*/) { --depth_; })
+            .scopes({at::RecordScope::FUNCTION}));
+  }
+  ~TopLevelOps() { at::removeCallback(handle_); }
+  TopLevelOps(const TopLevelOps&) = delete;
+  TopLevelOps& operator=(const TopLevelOps&) = delete;
+  int count() const { return count_; }
+
+ private:
+  static bool is_view(const char* name) {
+    for (const char* view : {"aten::view", "aten::reshape", "aten::_reshape_alias",
+                             "aten::split_with_sizes", "aten::narrow", "aten::slice",
+                             "aten::select", "aten::as_strided", "aten::alias", "aten::detach"}) {
+      if (std::strcmp(name, view) == 0) {
+        return true;
+      }
+    }
+    return false;
+  }
+  static inline thread_local int count_ = 0, depth_ = 0;
+  static inline thread_local bool kernels_only_ = false;
+  at::CallbackHandle handle_;
 };
 
 /// Everything observable about a scaler's schedule.

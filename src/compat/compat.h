@@ -40,6 +40,14 @@
 #define TORCHAMP_ATEN_FUSED_OPTIMIZERS 0
 #endif
 
+// ATen's multi-tensor copy (LibTorch 2.x; 1.13 has none).
+#if __has_include(<ATen/ops/_foreach_copy.h>)
+#include <ATen/ops/_foreach_copy.h>
+#define TORCHAMP_ATEN_FOREACH_COPY 1
+#else
+#define TORCHAMP_ATEN_FOREACH_COPY 0
+#endif
+
 namespace torchamp {
 namespace compat {
 
@@ -218,6 +226,23 @@ void foreach_mul_in(List tensors, const at::Tensor& factor) {
 }
 inline void foreach_mul_(at::TensorList tensors, const at::Tensor& factor) {
   foreach_mul_in<at::TensorList>(tensors, factor);
+}
+
+/// `dst[i].copy_(src[i])` for each i (the dtype may change, as copy_ does;
+/// the lists have one length): ATen's multi-tensor `_foreach_copy_` where
+/// it has one (on CUDA one kernel for pairs of one layout), else a copy_
+/// each (the same bits).
+inline void foreach_copy_(at::TensorList dst, at::TensorList src) {
+  TORCH_INTERNAL_ASSERT(dst.size() == src.size());
+#if TORCHAMP_ATEN_FOREACH_COPY
+  if (!dst.empty()) {  // ATen's foreach ops refuse empty lists
+    at::_foreach_copy_(dst, src);
+  }
+#else
+  for (size_t i = 0; i < dst.size(); ++i) {
+    dst[i].copy_(src[i]);
+  }
+#endif
 }
 
 /// Each tensor's 2-norm, accumulated and returned in float64 (dense tensors

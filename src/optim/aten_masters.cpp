@@ -3,13 +3,54 @@
 
 #include "optim/aten_masters.h"
 
+#include "compat/compat.h"  // foreach_copy_
+
 #include <ATen/ops/bitwise_and.h>
 #include <ATen/ops/bitwise_left_shift.h>
 #include <ATen/ops/bitwise_right_shift.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/ge.h>
 
 namespace torchamp {
 namespace optim {
+
+namespace {
+
+// The tensors' elements in one flat tensor, in order (one cat).
+at::Tensor flat(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> rows;
+  rows.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    rows.push_back(t.reshape({-1}));
+  }
+  return at::cat(rows);
+}
+
+// Views of a flat tensor, one a tensor of `like` and shaped as it.
+std::vector<at::Tensor> pieces(const at::Tensor& flat, const std::vector<at::Tensor>& like) {
+  std::vector<int64_t> numels;
+  numels.reserve(like.size());
+  for (const at::Tensor& t : like) {
+    numels.push_back(t.numel());
+  }
+  std::vector<at::Tensor> out = flat.split_with_sizes(numels);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = out[i].view(like[i].sizes());
+  }
+  return out;
+}
+
+// The tensors viewed as int16 (bfloat16's bits).
+std::vector<at::Tensor> as_short(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    out.push_back(t.view(at::kShort));
+  }
+  return out;
+}
+
+}  // namespace
 
 at::Tensor join_bf16_master(const at::Tensor& param, const at::Tensor& remainder) {
   const at::Tensor high =
@@ -17,8 +58,7 @@ at::Tensor join_bf16_master(const at::Tensor& param, const at::Tensor& remainder
   return high.add_(remainder.to(at::kInt)).view(at::kFloat);
 }
 
-void split_bf16_master(const at::Tensor& master, const at::Tensor& param,
-                       const at::Tensor& remainder) {
+std::pair<at::Tensor, at::Tensor> split_bf16_bits(const at::Tensor& master) {
   const at::Tensor bits = master.view(at::kInt);
   const at::Tensor low = at::bitwise_and(bits, 0xffff);
   // The high half, plus one where the low half reads negative as int16.
@@ -26,24 +66,61 @@ void split_bf16_master(const at::Tensor& master, const at::Tensor& param,
                               .bitwise_and_(0xffff)
                               .add_(at::ge(low, 0x8000).to(at::kInt))
                               .bitwise_and_(0xffff);
-  param.view(at::kShort).copy_(high.to(at::kShort));
-  remainder.copy_(low.to(at::kShort));
+  return {high.to(at::kShort), low.to(at::kShort)};
 }
 
-AtenMaster aten_master(const at::Tensor& param, const at::Tensor& stored, const at::Tensor& grad) {
-  AtenMaster m{param, stored, at::Tensor(), grad, grad.to(at::kFloat)};
-  m.master = param.scalar_type() == at::kBFloat16 ? join_bf16_master(param, stored) : stored;
-  return m;
+void split_bf16_master(const at::Tensor& master, const at::Tensor& param,
+                       const at::Tensor& remainder) {
+  const auto halves = split_bf16_bits(master);
+  param.view(at::kShort).copy_(halves.first);
+  remainder.copy_(halves.second);
 }
 
-void write_back(const AtenMaster& m, bool unscaled) {
-  if (m.param.scalar_type() == at::kBFloat16) {
-    split_bf16_master(m.master, m.param, m.stored);
-  } else {
-    m.param.copy_(m.master);  // float16: the master rounded to nearest even
+void AtenMasters::add(const at::Tensor& param, const at::Tensor& stored, const at::Tensor& grad) {
+  const bool bf16 = param.scalar_type() == at::kBFloat16;
+  Kind& kind = bf16 ? bf16_ : f16_;
+  order_.emplace_back(bf16, kind.params.size());
+  kind.params.push_back(param);
+  kind.stored.push_back(stored);
+  kind.grads.push_back(grad);
+}
+
+void AtenMasters::join() {
+  for (Kind* kind : {&bf16_, &f16_}) {
+    if (kind->params.empty()) {
+      continue;
+    }
+    if (kind == &bf16_) {
+      kind->flat_master = join_bf16_master(flat(kind->params), flat(kind->stored));
+      kind->masters = pieces(kind->flat_master, kind->params);
+    } else {
+      kind->masters = kind->stored;
+    }
+    kind->grads32 = pieces(flat(kind->grads).to(at::kFloat), kind->grads);
+  }
+}
+
+const at::Tensor& AtenMasters::master(size_t i) const {
+  return kind(i).masters.at(order_[i].second);
+}
+
+const at::Tensor& AtenMasters::grad32(size_t i) const {
+  return kind(i).grads32.at(order_[i].second);
+}
+
+void AtenMasters::write_back(bool unscaled) const {
+  if (!bf16_.params.empty()) {
+    const auto halves = split_bf16_bits(bf16_.flat_master);
+    compat::foreach_copy_(as_short(bf16_.params), pieces(halves.first, bf16_.params));
+    compat::foreach_copy_(bf16_.stored, pieces(halves.second, bf16_.stored));
+  }
+  if (!f16_.params.empty()) {
+    compat::foreach_copy_(f16_.params, f16_.masters);  // rounded to nearest even
   }
   if (unscaled) {
-    m.grad.copy_(m.grad32);
+    for (const Kind* kind : {&bf16_, &f16_}) {
+      compat::foreach_copy_(kind->grads, kind->grads32);
+    }
   }
 }
 

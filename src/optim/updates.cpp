@@ -182,12 +182,14 @@ struct AtenRounded {
 };
 
 // A parameter's tensors in an ATen call: its own; with a master weight the
-// float32 master and gradient; with stochastic rounding float32 copies
-// (masters and copies are written back after the call).
+// float32 master and gradient (made for all of them at once by join());
+// with stochastic rounding float32 copies (masters and copies are written
+// back after the call).
 struct AtenParams {
   std::vector<at::Tensor> params, grads;
   at::Tensor lr_tensor;  // the group's Fused::lr_tensor, else undefined (the options' lr)
-  std::vector<AtenMaster> masters;
+  AtenMasters masters;
+  std::vector<size_t> master_at;  // where each master goes in params and grads
   std::vector<AtenRounded> rounded;
   void add(const CachedParam& c, size_t flat, const MasterWeights& masters_in,
            const at::Tensor& grad) {
@@ -196,12 +198,24 @@ struct AtenParams {
       params.push_back(rounded.back().param32);
       grads.push_back(rounded.back().grad32);
     } else if (c.master) {
-      masters.push_back(aten_master(c.param, master_storage(masters_in, c.param), grad));
-      params.push_back(masters.back().master);
-      grads.push_back(masters.back().grad32);
+      masters.add(c.param, master_storage(masters_in, c.param), grad);
+      master_at.push_back(params.size());
+      params.emplace_back();  // join() fills these in
+      grads.emplace_back();
     } else {
       params.push_back(c.param);
       grads.push_back(grad);
+    }
+  }
+  // Before the call: the masters' float32 tensors in their places.
+  void join() {
+    if (master_at.empty()) {
+      return;
+    }
+    masters.join();
+    for (size_t i = 0; i < master_at.size(); ++i) {
+      params[master_at[i]] = masters.master(i);
+      grads[master_at[i]] = masters.grad32(i);
     }
   }
   // A state tensor of the parameter added last, as the call takes it
@@ -215,8 +229,8 @@ struct AtenParams {
   }
   void write_back(const StepFlags& flags, const RoundingKeys* keys) const {
     const bool unscaled = flags.scale || flags.scale_on_device.defined();
-    for (const AtenMaster& m : masters) {
-      optim::write_back(m, unscaled);
+    if (!master_at.empty()) {
+      masters.write_back(unscaled);
     }
     for (const AtenRounded& r : rounded) {
       // The kernels' noise: the parameter's, then the state's first tensor's
@@ -339,6 +353,7 @@ void run_batches(Batches& batches, StochasticRounding& rounding, const StepFlags
   }
   const RoundingKeys keys = aten_rounded ? step_keys(rounding, flags, params) : RoundingKeys{};
   for (auto& kv : batches) {
+    kv.second.join();
     call(kv.second);
     kv.second.write_back(flags, &keys);
   }

@@ -209,6 +209,46 @@ TEST(AtenKernels, CheckpointsMoveBetweenThePaths) {
   }
 }
 
+// Master weights on ATen's path are a fixed number of operators a fused
+// call, not a few a parameter (on a GPU each is a kernel launch): the
+// masters and float32 gradients of bfloat16 and float16 parameters joined
+// in flat buffers, split and copied back with multi-tensor copies. Counted
+// in a scaler's step that unscales (the gradients written back), for 4
+// and 40 parameters, views (no kernel) not counted.
+TEST(AtenKernels, MasterWeightsAreNoOperatorAParameter) {
+  SKIP_WITHOUT_ATEN_FUSED_OPS();
+  const auto ops_for = [](int n) {
+    torch::manual_seed(3);
+    std::vector<at::Tensor> ps;
+    for (int i = 0; i < n; ++i) {
+      ps.push_back(torch::randn({3, 5}).to(i % 2 == 0 ? at::kBFloat16 : at::kHalf));
+    }
+    torchamp::optim::AdamW opt(ps, torch::optim::AdamWOptions(1e-3),
+                               FusedOptions().master_weights(true).aten_kernels(true));
+    GradScaler scaler(GradScalerOptions().init_scale(4).device_state(true));
+    const auto set_grads = [&] {
+      for (const auto& p : ps) {
+        p.mutable_grad() = torch::full(p.sizes(), 4.0, p.options());
+      }
+    };
+    set_grads();
+    scaler.step(opt);  // the masters, the state and the scaler's tensors made before counting
+    scaler.update();
+    set_grads();
+    const at::Tensor before = opt.master_weight(ps[0]);
+    torchamp_test::TopLevelOps ops(/*kernels_only=*/true);
+    scaler.step(opt);
+    const int count = ops.count();
+    EXPECT_FALSE(opt.master_weight(ps[0]).equal(before)) << "the step did not update";
+    EXPECT_TRUE(ps[1].grad().eq(1.0).all().item<bool>()) << "the gradient was not unscaled";
+    return count;
+  };
+  const int few = ops_for(4), many = ops_for(40);
+  std::cout << "[ aten path ] a step with master weights: " << few
+            << " operators for 4 parameters, " << many << " for 40 (views not counted)\n";
+  EXPECT_EQ(many, few);
+}
+
 // The master's bits from a bfloat16 parameter and its remainder, and back,
 // for every parameter pattern and remainders across the int16 range: join is
 // (param << 16) + remainder, and split gives back both halves exactly.

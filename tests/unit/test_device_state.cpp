@@ -460,32 +460,7 @@ TEST(DeviceState, AnIterationReadsNothingBackToTheHost) {
   }
 }
 
-// Counts, while it lives, the ATen operators this thread calls at the top
-// (not those they call), as kernel launches on a GPU would be counted.
-class TopLevelOps {
- public:
-  TopLevelOps() {
-    count_ = 0;
-    handle_ = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(
-            [](const at::RecordFunction& /*fn*/) -> std::unique_ptr<at::ObserverContext> {
-              count_ += depth_++ == 0 ? 1 : 0;
-              return nullptr;
-            },
-            [](const at::RecordFunction& /*fn*/, at::ObserverContext* /*context*/) { --depth_; })
-            .scopes({at::RecordScope::FUNCTION}));
-  }
-  ~TopLevelOps() { at::removeCallback(handle_); }
-  TopLevelOps(const TopLevelOps&) = delete;
-  TopLevelOps& operator=(const TopLevelOps&) = delete;
-  int count() const { return count_; }
-
- private:
-  static thread_local int count_, depth_;
-  at::CallbackHandle handle_;
-};
-thread_local int TopLevelOps::count_ = 0;
-thread_local int TopLevelOps::depth_ = 0;
+using torchamp_test::TopLevelOps;
 
 // A device scaler's norm for the folded clip takes the gradients' float64
 // norms in one multi-tensor op (ATen's _foreach_norm, where it takes a
