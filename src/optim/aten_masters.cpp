@@ -4,53 +4,15 @@
 #include "optim/aten_masters.h"
 
 #include "compat/compat.h"  // foreach_copy_
+#include "optim/flat_tensors.h"
 
 #include <ATen/ops/bitwise_and.h>
 #include <ATen/ops/bitwise_left_shift.h>
 #include <ATen/ops/bitwise_right_shift.h>
-#include <ATen/ops/cat.h>
 #include <ATen/ops/ge.h>
 
 namespace torchamp {
 namespace optim {
-
-namespace {
-
-// The tensors' elements in one flat tensor, in order (one cat).
-at::Tensor flat(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> rows;
-  rows.reserve(tensors.size());
-  for (const at::Tensor& t : tensors) {
-    rows.push_back(t.reshape({-1}));
-  }
-  return at::cat(rows);
-}
-
-// Views of a flat tensor, one a tensor of `like` and shaped as it.
-std::vector<at::Tensor> pieces(const at::Tensor& flat, const std::vector<at::Tensor>& like) {
-  std::vector<int64_t> numels;
-  numels.reserve(like.size());
-  for (const at::Tensor& t : like) {
-    numels.push_back(t.numel());
-  }
-  std::vector<at::Tensor> out = flat.split_with_sizes(numels);
-  for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = out[i].view(like[i].sizes());
-  }
-  return out;
-}
-
-// The tensors viewed as int16 (bfloat16's bits).
-std::vector<at::Tensor> as_short(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> out;
-  out.reserve(tensors.size());
-  for (const at::Tensor& t : tensors) {
-    out.push_back(t.view(at::kShort));
-  }
-  return out;
-}
-
-}  // namespace
 
 at::Tensor join_bf16_master(const at::Tensor& param, const at::Tensor& remainder) {
   const at::Tensor high =

@@ -8,6 +8,8 @@
 #include <torch/serialize/output-archive.h>
 
 #include <cstdint>
+#include <map>
+#include <vector>
 
 namespace torchamp {
 namespace optim {
@@ -25,6 +27,9 @@ struct StochasticRounding {
   // up when read (`stale`), one read back.
   at::Tensor device_updates;
   bool stale = false;
+  // ATen's path: the parameters' layouts for the noise (aten_rounding.h's
+  // rounding_layout), kept between steps by what they describe.
+  std::map<std::vector<int64_t>, at::Tensor> layouts;
 };
 
 // Its archive entry (save), and reading and checking one against the

@@ -170,82 +170,109 @@ at::Tensor state_zeros(const CachedParam& c) {
 }
 
 // The tensors of one ATen fused call: one param group, device and dtype (and
-// for SGD whether the momentum buffers are new).
-using BatchKey = std::tuple<size_t, c10::DeviceIndex, at::ScalarType, bool>;
+// for SGD whether the momentum buffers are new), and the part of those.
+using BatchKey = std::tuple<size_t, c10::DeviceIndex, at::ScalarType, bool, int64_t>;
 
-// A parameter that rounds stochastically in an ATen call: the call updates
-// float32 copies of it, its gradient and its state, rounded back after it.
-struct AtenRounded {
-  size_t flat;  // its index in param-group order (the noise's key)
-  at::Tensor param, grad, param32, grad32;
-  std::vector<std::pair<at::Tensor, at::Tensor>> state;  // (stored, float32 copy)
+// The elements a fused call takes before the next part begins: master
+// weights and stochastic rounding lay a call's tensors end to end with
+// temporaries of up to a few dozen bytes an element, which a large model
+// bounds this way (set_call_elements changes it for tests).
+int64_t g_call_elements = int64_t{1} << 24;
+
+// The batches of one step, split into parts of at most g_call_elements
+// elements (a tensor larger than that is a part alone).
+template <class Batch>
+class Batches {
+ public:
+  Batch& for_param(size_t group, const at::Tensor& p, at::ScalarType state_dtype, bool first) {
+    auto& fill = fill_[{group, p.device().index(), state_dtype, first, 0}];
+    if (fill.second > 0 && fill.second + p.numel() > g_call_elements) {
+      ++fill.first;
+      fill.second = 0;
+    }
+    fill.second += p.numel();
+    return batches_[{group, p.device().index(), state_dtype, first, fill.first}];
+  }
+  std::map<BatchKey, Batch>& all() { return batches_; }
+
+ private:
+  std::map<BatchKey, Batch> batches_;
+  std::map<BatchKey, std::pair<int64_t, int64_t>> fill_;  // (part, elements) by key of part 0
 };
 
 // A parameter's tensors in an ATen call: its own; with a master weight the
-// float32 master and gradient (made for all of them at once by join());
-// with stochastic rounding float32 copies (masters and copies are written
-// back after the call).
+// float32 master and gradient; with stochastic rounding float32 copies of
+// its tensors (made for all of them at once by join(), before the call, and
+// written back after it).
 struct AtenParams {
   std::vector<at::Tensor> params, grads;
   at::Tensor lr_tensor;  // the group's Fused::lr_tensor, else undefined (the options' lr)
   AtenMasters masters;
   std::vector<size_t> master_at;  // where each master goes in params and grads
-  std::vector<AtenRounded> rounded;
+  AtenRounding rounded;
+  std::vector<size_t> rounded_at;  // where each rounded parameter goes
+  // Where each rounded state tensor's copy goes: the list, the place in it,
+  // the parameter's index in `rounded` and the tensor's in its state.
+  struct StateAt {
+    std::vector<at::Tensor>* list;
+    size_t at, param, k;
+  };
+  std::vector<StateAt> rounded_states;
   void add(const CachedParam& c, size_t flat, const MasterWeights& masters_in,
            const at::Tensor& grad) {
     if (c.stochastic) {
-      rounded.push_back({flat, c.param, grad, c.param.to(at::kFloat), grad.to(at::kFloat), {}});
-      params.push_back(rounded.back().param32);
-      grads.push_back(rounded.back().grad32);
+      rounded.add(static_cast<int64_t>(flat), c.param, grad);
+      rounded_at.push_back(params.size());
     } else if (c.master) {
       masters.add(c.param, master_storage(masters_in, c.param), grad);
       master_at.push_back(params.size());
-      params.emplace_back();  // join() fills these in
-      grads.emplace_back();
     } else {
       params.push_back(c.param);
       grads.push_back(grad);
-    }
-  }
-  // Before the call: the masters' float32 tensors in their places.
-  void join() {
-    if (master_at.empty()) {
       return;
     }
-    masters.join();
-    for (size_t i = 0; i < master_at.size(); ++i) {
-      params[master_at[i]] = masters.master(i);
-      grads[master_at[i]] = masters.grad32(i);
+    params.emplace_back();  // join() fills these in
+    grads.emplace_back();
+  }
+  // A state tensor of the parameter added last onto `list`, as the call
+  // takes it (float32 state, FusedOptions().state_dtype, as it is).
+  void add_state(std::vector<at::Tensor>& list, const CachedParam& c, const at::Tensor& t) {
+    if (c.stochastic && t.scalar_type() != at::kFloat) {
+      const size_t k = rounded.add_state(t);
+      rounded_states.push_back({&list, list.size(), rounded.size() - 1, k});
+      list.emplace_back();  // join() fills it in
+    } else {
+      list.push_back(t);
     }
   }
-  // A state tensor of the parameter added last, as the call takes it
-  // (float32 state, FusedOptions().state_dtype, as it is).
-  at::Tensor state(const CachedParam& c, const at::Tensor& t) {
-    if (!c.stochastic || t.scalar_type() == at::kFloat) {
-      return t;
+  // Before the call: the float32 masters and copies in their places.
+  void join() {
+    if (!master_at.empty()) {
+      masters.join();
+      for (size_t i = 0; i < master_at.size(); ++i) {
+        params[master_at[i]] = masters.master(i);
+        grads[master_at[i]] = masters.grad32(i);
+      }
     }
-    rounded.back().state.emplace_back(t, t.to(at::kFloat));
-    return rounded.back().state.back().second;
+    if (!rounded_at.empty()) {
+      rounded.join();
+      for (size_t i = 0; i < rounded_at.size(); ++i) {
+        params[rounded_at[i]] = rounded.param32(i);
+        grads[rounded_at[i]] = rounded.grad32(i);
+      }
+      for (const StateAt& s : rounded_states) {
+        (*s.list)[s.at] = rounded.state32(s.param, s.k);
+      }
+    }
   }
-  void write_back(const StepFlags& flags, const RoundingKeys* keys) const {
+  void write_back(const StepFlags& flags, const RoundingKeys& keys,
+                  std::map<std::vector<int64_t>, at::Tensor>& layouts) const {
     const bool unscaled = flags.scale || flags.scale_on_device.defined();
     if (!master_at.empty()) {
       masters.write_back(unscaled);
     }
-    for (const AtenRounded& r : rounded) {
-      // The kernels' noise: the parameter's, then the state's first tensor's
-      // and its second's (AMSGrad's max takes the second's too).
-      const AtenNoise noise =
-          aten_noise(*keys, static_cast<int64_t>(r.flat), r.param.numel(), r.param.device(),
-                     static_cast<int>(std::min<size_t>(r.state.size(), 2)));
-      round_stochastically(r.param32, noise.param, r.param);
-      for (size_t k = 0; k < r.state.size(); ++k) {
-        round_stochastically(r.state[k].second, k == 0 ? noise.state0 : noise.state1,
-                             r.state[k].first);
-      }
-      if (unscaled) {
-        r.grad.copy_(r.grad32);
-      }
+    if (!rounded_at.empty()) {
+      rounded.write_back(keys, unscaled, layouts);
     }
   }
 };
@@ -344,18 +371,18 @@ void settle_rounding(StochasticRounding& rounding, const StepFlags& flags) {
 }
 
 // The ATen batches' calls done, their masters and rounded copies written back.
-template <class Batches, class Call>
-void run_batches(Batches& batches, StochasticRounding& rounding, const StepFlags& flags,
+template <class Batch, class Call>
+void run_batches(Batches<Batch>& batches, StochasticRounding& rounding, const StepFlags& flags,
                  size_t params, bool cpu_rounded, Call call) {
   bool aten_rounded = false;
-  for (const auto& kv : batches) {
-    aten_rounded = aten_rounded || !kv.second.rounded.empty();
+  for (const auto& kv : batches.all()) {
+    aten_rounded = aten_rounded || kv.second.rounded.size() != 0;
   }
   const RoundingKeys keys = aten_rounded ? step_keys(rounding, flags, params) : RoundingKeys{};
-  for (auto& kv : batches) {
+  for (auto& kv : batches.all()) {
     kv.second.join();
     call(kv.second);
-    kv.second.write_back(flags, &keys);
+    kv.second.write_back(flags, keys, rounding.layouts);
   }
   if (cpu_rounded || aten_rounded) {
     count_rounded_update(rounding, flags);
@@ -382,7 +409,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
   std::vector<kernels::AdamJob> jobs;
   HostRates host_lr(f);
   jobs.reserve(plan.ready.size());
-  std::map<BatchKey, AdamBatch> batches;
+  Batches<AdamBatch> batches;
   // Bias corrections depend on the step count: usually one for all.
   int64_t memo_step = -1;
   double memo_beta1 = 0, memo_beta2 = 0, memo_bc1 = 1, memo_bc2_sqrt = 1;
@@ -416,7 +443,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
     }
     const at::Tensor& grad = *r.grad;
     if (takes_aten(p, f.aten_on_cpu)) {
-      AdamBatch& b = batches[{c.group, p.device().index(), c.state_dtype, false}];
+      AdamBatch& b = batches.for_param(c.group, p, c.state_dtype, false);
       // Its count on the device, made from the state's before this step's.
       b.steps.push_back(device_step(f, c, &st, st.step()));
       // The device's count is the one ATen reads; the state's follows it
@@ -436,10 +463,10 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
         b.amsgrad = options.amsgrad();
       }
       b.add(c, r.index, masters, grad);
-      b.exp_avgs.push_back(b.state(c, st.exp_avg()));
-      b.exp_avg_sqs.push_back(b.state(c, st.exp_avg_sq()));
+      b.add_state(b.exp_avgs, c, st.exp_avg());
+      b.add_state(b.exp_avg_sqs, c, st.exp_avg_sq());
       if (options.amsgrad()) {
-        b.max_exp_avg_sqs.push_back(b.state(c, st.max_exp_avg_sq()));
+        b.add_state(b.max_exp_avg_sqs, c, st.max_exp_avg_sq());
       }
       continue;
     }
@@ -515,7 +542,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
   std::vector<kernels::SgdJob> jobs;
   HostRates host_lr(f);
   jobs.reserve(plan.ready.size());
-  std::map<BatchKey, SgdBatch> batches;
+  Batches<SgdBatch> batches;
   auto& groups = opt.param_groups();
   for (size_t j = 0; j < plan.ready.size(); ++j) {
     ReadyParam& r = plan.ready[j];
@@ -545,7 +572,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
     }
     const at::Tensor& grad = *r.grad;
     if (takes_aten(p, f.aten_on_cpu)) {
-      SgdBatch& b = batches[{c.group, p.device().index(), c.state_dtype, first}];
+      SgdBatch& b = batches.for_param(c.group, p, c.state_dtype, first);
       if (b.params.empty()) {
         b.lr = options.lr();
         b.lr_tensor = lr_tensor_of(f, c.group);
@@ -557,7 +584,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
       }
       b.add(c, r.index, masters, grad);
       if (buffer.defined()) {
-        b.buffers.push_back(b.state(c, buffer));
+        b.add_state(b.buffers, c, buffer);
       }
       continue;
     }
@@ -591,6 +618,11 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
 }
 
 }  // namespace
+
+void set_call_elements(int64_t elements) {
+  TORCH_CHECK_VALUE(elements > 0, "set_call_elements: ", elements, " is not positive");
+  g_call_elements = elements;
+}
 
 void sync_host_steps(torch::optim::Optimizer& opt, detail::FusedState::Impl& f) {
   rounding_to_host(f.rounding);

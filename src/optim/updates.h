@@ -25,7 +25,7 @@ inline StateTensors adam_tensors(const State& s) {
 struct detail::FusedState::Impl {
   explicit Impl(const FusedOptions& options)
       : masters(options.master_weights()),
-        rounding{options.stochastic_rounding(), options.seed(), 0, at::Tensor(), false},
+        rounding{options.stochastic_rounding(), options.seed(), 0, at::Tensor(), false, {}},
         float_state(options.state_dtype() == at::kFloat),
         aten_on_cpu(options.aten_kernels()) {}
   StepCache cache;
@@ -56,6 +56,11 @@ inline StateTensors sgd_tensors(const torch::optim::SGDParamState& s) {
   static const at::Tensor none;
   return {&s.momentum_buffer(), &none, &none};
 }
+
+// How many elements one ATen fused call takes at most (with the flat
+// buffers of master weights and stochastic rounding; a larger tensor is a
+// call alone): 2^24 unless a test sets another. Not thread-safe.
+void set_call_elements(int64_t elements);
 
 // Each counts an update in `f.rounding` (when on) unless the step is skipped.
 void sgd_update(torch::optim::SGD& opt, detail::FusedState::Impl& f, const AmpStepArgs& args);

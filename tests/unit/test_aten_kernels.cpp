@@ -17,7 +17,8 @@
 #include "kernels/bf16.h"           // noise32, float_to_bf16_stochastic
 #include "kernels/optim_kernels.h"  // rounding_key
 #include "optim/aten_masters.h"     // join_bf16_master, split_bf16_master
-#include "optim/aten_rounding.h"    // rounding_keys, aten_noise, round_stochastically
+#include "optim/aten_rounding.h"    // rounding_keys, aten_noise, rounding_layout, ...
+#include "optim/updates.h"          // set_call_elements
 
 #include <torch/torch.h>
 
@@ -209,44 +210,110 @@ TEST(AtenKernels, CheckpointsMoveBetweenThePaths) {
   }
 }
 
-// Master weights on ATen's path are a fixed number of operators a fused
-// call, not a few a parameter (on a GPU each is a kernel launch): the
-// masters and float32 gradients of bfloat16 and float16 parameters joined
-// in flat buffers, split and copied back with multi-tensor copies. Counted
-// in a scaler's step that unscales (the gradients written back), for 4
-// and 40 parameters, views (no kernel) not counted.
-TEST(AtenKernels, MasterWeightsAreNoOperatorAParameter) {
+// Master weights and stochastic rounding on ATen's path are a fixed number
+// of operators a fused call, not a few a parameter (on a GPU each is a
+// kernel launch): the float32 copies of the parameters (bfloat16 and
+// float16), gradients and state joined in flat buffers, their bits and the
+// noise made once, and the results copied back with multi-tensor copies.
+// Counted in a scaler's step that unscales (the gradients written back),
+// with a host and a device scaler, for 4 and 40 parameters, views (no
+// kernel) not counted.
+TEST(AtenKernels, MastersAndRoundingAreNoOperatorAParameter) {
   SKIP_WITHOUT_ATEN_FUSED_OPS();
-  const auto ops_for = [](int n) {
+  const auto ops_for = [](const FusedOptions& fused, bool device_state, int n) {
     torch::manual_seed(3);
     std::vector<at::Tensor> ps;
     for (int i = 0; i < n; ++i) {
-      ps.push_back(torch::randn({3, 5}).to(i % 2 == 0 ? at::kBFloat16 : at::kHalf));
+      const bool half = i % 2 == 1 && !fused.stochastic_rounding();  // rounding: bfloat16 only
+      ps.push_back(torch::randn({3, 5}).to(half ? at::kHalf : at::kBFloat16));
     }
-    torchamp::optim::AdamW opt(ps, torch::optim::AdamWOptions(1e-3),
-                               FusedOptions().master_weights(true).aten_kernels(true));
-    GradScaler scaler(GradScalerOptions().init_scale(4).device_state(true));
+    torchamp::optim::AdamW opt(ps, torch::optim::AdamWOptions(1e-3).amsgrad(true),
+                               FusedOptions(fused).aten_kernels(true));
+    GradScaler scaler(GradScalerOptions().init_scale(4).device_state(device_state));
     const auto set_grads = [&] {
       for (const auto& p : ps) {
         p.mutable_grad() = torch::full(p.sizes(), 4.0, p.options());
       }
     };
     set_grads();
-    scaler.step(opt);  // the masters, the state and the scaler's tensors made before counting
+    scaler.step(opt);  // the state and the scaler's tensors made before counting
     scaler.update();
     set_grads();
-    const at::Tensor before = opt.master_weight(ps[0]);
+    const at::Tensor before = ps[0].clone();
     torchamp_test::TopLevelOps ops(/*kernels_only=*/true);
     scaler.step(opt);
     const int count = ops.count();
-    EXPECT_FALSE(opt.master_weight(ps[0]).equal(before)) << "the step did not update";
+    EXPECT_FALSE(ps[0].equal(before)) << "the step did not update";
     EXPECT_TRUE(ps[1].grad().eq(1.0).all().item<bool>()) << "the gradient was not unscaled";
     return count;
   };
-  const int few = ops_for(4), many = ops_for(40);
-  std::cout << "[ aten path ] a step with master weights: " << few
-            << " operators for 4 parameters, " << many << " for 40 (views not counted)\n";
-  EXPECT_EQ(many, few);
+  for (const bool device_state : {false, true}) {
+    for (const auto& fused :
+         {FusedOptions().master_weights(true), FusedOptions().stochastic_rounding(true).seed(5)}) {
+      const char* what = fused.master_weights() ? "master weights" : "stochastic rounding";
+      SCOPED_TRACE(std::string(what) + (device_state ? ", device scaler" : ", host scaler"));
+      const int few = ops_for(fused, device_state, 4), many = ops_for(fused, device_state, 40);
+      std::cout << "[ aten path ] a step with " << what
+                << (device_state ? " (device scaler): " : " (host scaler): ") << few
+                << " operators for 4 parameters, " << many << " for 40 (views not counted)\n";
+      EXPECT_EQ(many, few);
+    }
+  }
+}
+
+// A fused call on ATen's path takes at most so many elements (their flat
+// buffers' temporaries bounded on a large model); more parameters make more
+// calls. The same bits either way: each parameter's update, master and
+// noise are its own. Parts of 1,000 elements (the 4,099-element tensor a
+// part alone) against one call, 30 steps with skips, clipping and unscale_.
+template <class Opt, class Options>
+void parts_change_nothing(const Options& options, const FusedOptions& fused, at::ScalarType dtype,
+                          const char* what) {
+  SCOPED_TRACE(what);
+  struct Parts {  // the limit for a scope, put back after it
+    explicit Parts(int64_t n) { torchamp::optim::set_call_elements(n); }
+    ~Parts() { torchamp::optim::set_call_elements(int64_t{1} << 24); }
+  };
+  const auto aten = FusedOptions(fused).aten_kernels(true);
+  Training<Opt> whole(make_params(dtype), options, aten);
+  Training<Opt> parts(make_params(dtype), options, aten);
+  int whole_ops = 0, parts_ops = 0;  // the operators of all steps: more calls
+  for (int s = 0; s < 30; ++s) {
+    const auto gs = gradients(whole.ps, s, whole.scaler.get_scale(), dtype);
+    bool stepped = false;
+    {
+      torchamp_test::TopLevelOps ops(/*kernels_only=*/true);
+      stepped = whole.step(s, gs);
+      whole_ops += ops.count();
+    }
+    {
+      Parts limit(1000);
+      torchamp_test::TopLevelOps ops(/*kernels_only=*/true);
+      ASSERT_EQ(parts.step(s, gs), stepped) << "step " << s;
+      parts_ops += ops.count();
+    }
+    for (size_t i = 0; i < whole.ps.size(); ++i) {
+      ASSERT_TRUE(bits(whole.ps[i]).equal(bits(parts.ps[i]))) << "step " << s << " tensor " << i;
+      if (fused.master_weights()) {
+        ASSERT_TRUE(bits(whole.opt.master_weight(whole.ps[i]))
+                        .equal(bits(parts.opt.master_weight(parts.ps[i]))))
+            << "step " << s << " tensor " << i;
+      }
+    }
+  }
+  EXPECT_GT(parts_ops, whole_ops) << "no more calls in parts";
+}
+
+TEST(AtenKernels, CallsSplitIntoPartsGiveTheSameBits) {
+  SKIP_WITHOUT_ATEN_FUSED_OPS();
+  const auto adam = torch::optim::AdamOptions(1e-3).amsgrad(true);
+  const auto sgd = torch::optim::SGDOptions(1e-2).momentum(0.9);
+  const auto masters = FusedOptions().master_weights(true);
+  const auto sr = FusedOptions().stochastic_rounding(true).seed(9);
+  parts_change_nothing<torchamp::optim::Adam>(adam, masters, at::kBFloat16, "Adam bf16 masters");
+  parts_change_nothing<torchamp::optim::SGD>(sgd, masters, at::kHalf, "SGD fp16 masters");
+  parts_change_nothing<torchamp::optim::Adam>(adam, sr, at::kBFloat16, "Adam rounding");
+  parts_change_nothing<torchamp::optim::SGD>(sgd, sr, at::kBFloat16, "SGD rounding");
 }
 
 // The master's bits from a bfloat16 parameter and its remainder, and back,
@@ -307,6 +374,21 @@ TEST(AtenKernels, StochasticRoundingOpsAreTheKernelsArithmetic) {
     ASSERT_EQ(static_cast<uint32_t>(n0[i]), a >> 16) << i;
     ASSERT_EQ(static_cast<uint32_t>(n1[i]), b & 0xffffu) << i;
   }
+  // Several parameters laid end to end, their keys in any order: each
+  // element's noise is its parameter's alone.
+  const std::vector<int64_t> flats{2, 0, 1}, numels{5, n, 3};
+  const auto joint = torchamp::optim::aten_noise(
+      keys, torchamp::optim::rounding_layout(flats, numels, at::kCPU), n + 8, 2);
+  std::vector<at::Tensor> alone[3];
+  for (size_t j = 0; j < flats.size(); ++j) {
+    const auto one = torchamp::optim::aten_noise(keys, flats[j], numels[j], at::kCPU, 2);
+    alone[0].push_back(one.param);
+    alone[1].push_back(one.state0);
+    alone[2].push_back(one.state1);
+  }
+  ASSERT_TRUE(joint.param.equal(torch::cat(alone[0])));
+  ASSERT_TRUE(joint.state0.equal(torch::cat(alone[1])));
+  ASSERT_TRUE(joint.state1.equal(torch::cat(alone[2])));
   // Every bfloat16 pattern with low bits of each kind (NaNs, infinities,
   // subnormals and the largest finite values among them), under that noise.
   at::Tensor values = torch::arange(0, 1 << 16, at::kInt).mul_(1 << 16);
