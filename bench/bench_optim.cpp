@@ -425,6 +425,12 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
     vs.push_back(scaled_variant<torchamp::optim::AdamW>(
         "bf16-master+device", make_params(c, at::kBFloat16), adamw,
         torchamp::optim::FusedOptions(aten).master_weights(true), true));
+    const auto sr = torchamp::optim::FusedOptions().stochastic_rounding(true);
+    vs.push_back(scaled_variant<torchamp::optim::AdamW>("bf16-sr+scaler",
+                                                        make_params(c, at::kBFloat16), adamw, sr));
+    vs.push_back(scaled_variant<torchamp::optim::AdamW>(
+        "bf16-sr+device", make_params(c, at::kBFloat16), adamw,
+        torchamp::optim::FusedOptions(sr).aten_kernels(true), true));
   }
   {
     auto st = std::make_shared<AtenScaled>(make_params(c), true);
@@ -500,10 +506,11 @@ void run_interleaved(const Case& c, int rounds, std::vector<std::string>& others
                 bytes["bf16-sr-f32state"]);
   srs.push_back(row);
   if (med.count("fp32+device")) {
-    std::snprintf(row, sizeof row, "| %s | %.2f | %.2fx | %.2fx | %.2f | %.2fx |", c.name,
-                  med["fp32+device"], speed("fp32+device", "aten_adamw+scaler"),
+    std::snprintf(row, sizeof row, "| %s | %.2f | %.2fx | %.2fx | %.2f | %.2fx | %.2f | %.2fx |",
+                  c.name, med["fp32+device"], speed("fp32+device", "aten_adamw+scaler"),
                   speed("fp32+device", "fp32+scaler"), med["bf16-master+device"],
-                  speed("bf16-master+device", "bf16-master+scaler"));
+                  speed("bf16-master+device", "bf16-master+scaler"), med["bf16-sr+device"],
+                  speed("bf16-sr+device", "bf16-sr+scaler"));
     devices.push_back(row);
   }
   if (avx512) {
@@ -548,7 +555,8 @@ void interleaved(int rounds_large, int rounds_small) {
         "runs; speeds as the other's time over its: ATen's calls as Python's GradScaler + "
         "AdamW(fused=True) make them, and torchamp's CPU path (host scaler, its own kernels)\n"
         "| case | fp32 device path ms | vs Python's ATen calls | vs torchamp's CPU path | bf16 "
-        "master device path ms | vs bf16 master CPU path |\n|---|---|---|---|---|---|\n",
+        "master device path ms | vs bf16 master CPU path | bf16 stochastic device path ms | vs "
+        "bf16 stochastic CPU path |\n|---|---|---|---|---|---|---|---|\n",
         devices);
   }
   print_table(
