@@ -2,6 +2,7 @@
 
 #include "remove_tree.h"
 
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 #include <stdexcept>
@@ -49,8 +50,11 @@ RunFolder RunFolder::open(const fs::path& dir, const Options& options, const std
   }
   // Both ways; a key one of them lacks reads as unset.
   if (const auto d = differing_option(saved, options, "")) {
-    throw std::invalid_argument("--out " + dir.string() + " holds a run whose --" + d->key +
-                                " is " + (d->a.empty() ? "unset" : d->a) + ", but this one's is " +
+    // The key's flag (options.txt's d_model is --d-model); `world` has none.
+    std::string name = d->key == "world" ? "number of processes (world)" : "--" + d->key;
+    std::replace(name.begin(), name.end(), '_', '-');
+    throw std::invalid_argument("--out " + dir.string() + " holds a run whose " + name + " is " +
+                                (d->a.empty() ? "unset" : d->a) + ", but this one's is " +
                                 (d->b.empty() ? "unset" : d->b) +
                                 ": give its options to continue it, or another --out");
   }

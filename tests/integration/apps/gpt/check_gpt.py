@@ -380,7 +380,7 @@ def case_device_step():
     check(table_values(dev) == table_values(killed),
           "killed and resumed: the same final weights and table values")
     p = run(args + ["--out", killed], expect=2)
-    check("whose --device_step is 1, but this one's is unset" in p.stderr,
+    check("whose --device-step is 1, but this one's is unset" in p.stderr,
           "the device step's --out continued without --device-step: exit 2 naming it (%s)"
           % p.stderr.strip()[-200:])
 
