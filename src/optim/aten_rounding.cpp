@@ -30,7 +30,7 @@ using kernels::Mix64;
 
 // The rounding layouts an optimizer keeps (one a fused call: a large
 // model's parameters take many calls): beyond these, the parameters with
-// gradients change from step to step, and all are made again.
+// gradients change from step to step, and new ones are made each step.
 constexpr size_t kKeptLayouts = 4096;
 
 // x >> k on unsigned bits, from ATen's arithmetic shift of a signed type.
@@ -88,6 +88,8 @@ at::Tensor rounding_layout(const std::vector<int64_t>& flats, const std::vector<
 
 AtenNoise aten_noise(const RoundingKeys& keys, const at::Tensor& layout, int64_t total,
                      int states) {
+  // Keys on another device would be a copy (from the host, a sync).
+  TORCH_INTERNAL_ASSERT(keys.low.device() == layout.device());
   const int64_t n = layout.numel() / 2;
   const at::Tensor flats = layout.narrow(0, 0, n);
   const at::Tensor numels = layout.narrow(0, n, n);
@@ -102,11 +104,7 @@ AtenNoise aten_noise(const RoundingKeys& keys, const at::Tensor& layout, int64_t
   // noise32: x = (i ^ key) * kNoiseMultiplier; x ^ (x >> 16), each element
   // with its parameter's key.
   const auto noise32 = [&](const at::Tensor& keys_here) {
-    // Keys from a host count are on the CPU: a copy of one int32 a
-    // parameter (a device scaler's flags keep them on the device).
-    const at::Tensor here =
-        keys_here.device() == layout.device() ? keys_here : keys_here.to(layout.device());
-    const at::Tensor key = here.index_select(0, flats).index_select(0, owner);
+    const at::Tensor key = keys_here.index_select(0, flats).index_select(0, owner);
     const at::Tensor x =
         at::bitwise_xor(index, key).mul_(static_cast<int32_t>(kernels::kNoiseMultiplier));
     return at::bitwise_xor(x, shift_right(x, 16, 32));
@@ -159,6 +157,7 @@ size_t AtenRounding::add_state(const at::Tensor& stored) {
 }
 
 void AtenRounding::join() {
+  TORCH_INTERNAL_ASSERT(flat_states32_.empty(), "AtenRounding::join twice");
   if (params_.empty()) {
     return;
   }
@@ -194,11 +193,9 @@ void AtenRounding::write_back(const RoundingKeys& keys, bool unscaled,
     layout = known->second;
   } else {
     layout = rounding_layout(flats_, numels, device);
-    // One made while a graph captures holds its values only once replayed.
-    if (!compat::capturing(device)) {
-      if (layouts.size() >= kKeptLayouts) {
-        layouts.clear();
-      }
+    // One made while a graph captures holds its values only once replayed;
+    // a full cache keeps its layouts (a captured graph may read them).
+    if (layouts.size() < kKeptLayouts && !compat::capturing(device)) {
       layouts.emplace(std::move(name), layout);
     }
   }

@@ -22,10 +22,11 @@ namespace optim {
 // The noise keys of parameters 0..count-1 (their flat index in param-group
 // order) at one update, kernels::rounding_key(seed, update, flat) split into
 // the two 32-bit halves the kernels' Noise takes: int32 tensors of `count`
-// elements. From a host count they are CPU tensors (ops on any device read
-// an element as a scalar); from a count on a device (an int64 0-dim tensor:
-// a device scaler's flag decides whether a step counts, and only the device
-// knows), tensors on that device, computed there without a host read.
+// elements. From a host count they are CPU tensors; from a count in a
+// tensor (an int64 0-dim tensor: on a device where a device scaler's flag
+// decides whether a step counts, and only the device knows; or a host
+// count filled into one there), tensors on its device, computed there
+// without a host read or copy.
 struct RoundingKeys {
   at::Tensor low, high;
 };
@@ -38,7 +39,8 @@ RoundingKeys rounding_keys(uint64_t seed, const at::Tensor& update, int64_t coun
 // and for each of its state's tensors, as the CPU kernels' NoiseBits (int32
 // tensors of `total` elements, the numels' sum). Only the first `states` (0
 // to 2) state noises are made: the others stay undefined. `layout`
-// (rounding_layout) names the parameters on the noise's device.
+// (rounding_layout) names the parameters on the noise's device, which is
+// the keys' too.
 struct AtenNoise {
   at::Tensor param, state0, state1;
 };

@@ -1,5 +1,6 @@
 #include "optim/updates.h"
 
+#include "compat/capture.h"
 #include "compat/compat.h"
 #include "optim/aten_masters.h"
 #include "optim/aten_rounding.h"
@@ -179,19 +180,22 @@ using BatchKey = std::tuple<size_t, c10::DeviceIndex, at::ScalarType, bool, int6
 // bounds this way (set_call_elements changes it for tests).
 int64_t g_call_elements = int64_t{1} << 24;
 
-// The batches of one step, split into parts of at most g_call_elements
-// elements (a tensor larger than that is a part alone).
+// The batches of one step, split into parts whose parameters with master
+// weights or stochastic rounding (the ones laid end to end) have at most
+// g_call_elements elements (a larger tensor is a part alone).
 template <class Batch>
 class Batches {
  public:
-  Batch& for_param(size_t group, const at::Tensor& p, at::ScalarType state_dtype, bool first) {
-    auto& fill = fill_[{group, p.device().index(), state_dtype, first, 0}];
-    if (fill.second > 0 && fill.second + p.numel() > g_call_elements) {
+  Batch& for_param(size_t group, const CachedParam& c, bool first) {
+    const at::Tensor& p = c.param;
+    const int64_t flat = c.master || c.stochastic ? p.numel() : 0;
+    auto& fill = fill_[{group, p.device().index(), c.state_dtype, first, 0}];
+    if (fill.second > 0 && fill.second + flat > g_call_elements) {
       ++fill.first;
       fill.second = 0;
     }
-    fill.second += p.numel();
-    return batches_[{group, p.device().index(), state_dtype, first, fill.first}];
+    fill.second += flat;
+    return batches_[{group, p.device().index(), c.state_dtype, first, fill.first}];
   }
   std::map<BatchKey, Batch>& all() { return batches_; }
 
@@ -265,6 +269,17 @@ struct AtenParams {
       }
     }
   }
+  // After write_back: the call's tensors let go (the flat buffers with
+  // them), so that one part's are alive at a time.
+  void release() {
+    params.clear();
+    grads.clear();
+    masters = AtenMasters();
+    master_at.clear();
+    rounded = AtenRounding();
+    rounded_at.clear();
+    rounded_states.clear();
+  }
   void write_back(const StepFlags& flags, const RoundingKeys& keys,
                   std::map<std::vector<int64_t>, at::Tensor>& layouts) const {
     const bool unscaled = flags.scale || flags.scale_on_device.defined();
@@ -281,12 +296,22 @@ struct AdamBatch : AtenParams {
   std::vector<at::Tensor> exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
   double lr, beta1, beta2, weight_decay, eps;
   bool amsgrad;
+  void release() {
+    AtenParams::release();
+    for (auto* list : {&exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs, &steps}) {
+      list->clear();
+    }
+  }
 };
 
 struct SgdBatch : AtenParams {
   std::vector<at::Tensor> buffers;
   double lr, momentum, dampening, weight_decay;
   bool nesterov, first;
+  void release() {
+    AtenParams::release();
+    buffers.clear();
+  }
 };
 
 // A group's Fused::lr_tensor, undefined where it has none.
@@ -334,18 +359,71 @@ void rounding_to_host(StochasticRounding& rounding) {
 }
 
 // This step's noise keys for ATen's jobs (`params`: the optimizer's count of
-// parameters), from the count where it is kept: on the host, or, under a
-// device flag that was not read back, on the flag's device.
-RoundingKeys step_keys(StochasticRounding& rounding, const StepFlags& flags, size_t params) {
-  const auto n = static_cast<int64_t>(params);
-  if (!flags.found_on_device.defined()) {
-    return rounding_keys(rounding.seed, rounding.updates, n);
+// parameters) on each device that rounds, from the count where it is kept:
+// under a device flag that was not read back, on the flag's device (made
+// there; another device takes a copy, device to device); on the host, made
+// on the host for CPU tensors and on another device from the count as a
+// fill (no copy from the host: no sync).
+class StepKeys {
+ public:
+  StepKeys(StochasticRounding& rounding, const StepFlags& flags, size_t params)
+      : rounding_(rounding), flags_(flags), n_(static_cast<int64_t>(params)) {}
+  RoundingKeys on(c10::Device device) {
+    for (const auto& k : keys_) {
+      if (k.first == device) {
+        return k.second;
+      }
+    }
+    keys_.emplace_back(device, make(device));
+    return keys_.back().second;
   }
-  if (!rounding.device_updates.defined()) {
-    rounding.device_updates = at::full({}, static_cast<int64_t>(rounding.updates),
-                                       flags.found_on_device.options().dtype(at::kLong));
+
+ private:
+  RoundingKeys make(c10::Device device) {
+    if (flags_.found_on_device.defined()) {
+      if (!rounding_.device_updates.defined()) {
+        rounding_.device_updates = at::full({}, static_cast<int64_t>(rounding_.updates),
+                                            flags_.found_on_device.options().dtype(at::kLong));
+      }
+      const RoundingKeys k = rounding_keys(rounding_.seed, rounding_.device_updates, n_);
+      return k.low.device() == device ? k : RoundingKeys{k.low.to(device), k.high.to(device)};
+    }
+    if (device.is_cpu()) {
+      return rounding_keys(rounding_.seed, rounding_.updates, n_);
+    }
+    const at::Tensor count = at::full({}, static_cast<int64_t>(rounding_.updates),
+                                      at::TensorOptions().dtype(at::kLong).device(device));
+    return rounding_keys(rounding_.seed, count, n_);
   }
-  return rounding_keys(rounding.seed, rounding.device_updates, n);
+  StochasticRounding& rounding_;
+  const StepFlags& flags_;
+  int64_t n_;
+  std::vector<std::pair<c10::Device, RoundingKeys>> keys_;
+};
+
+// Stochastic rounding keys its noise by the update count. Under a device
+// flag the count is a tensor, which a captured graph's replays advance; on
+// the host it would be frozen into the graph (every replay rounding with
+// the captured step's noise), and bringing a device count back syncs, which
+// capture refuses. Refused before anything changes.
+void refuse_host_count_under_capture(const StepCache::Plan& plan,
+                                     const StochasticRounding& rounding, const StepFlags& flags) {
+  if (!compat::kCanCapture || !rounding.on || flags.found_on_device.defined()) {
+    return;
+  }
+  for (const ReadyParam& r : plan.ready) {
+    const CachedParam& c = plan.params[r.index];
+    if (c.stochastic && c.param.is_cuda()) {
+      TORCH_CHECK(!compat::capturing(c.param.device()),
+                  "torchamp::optim: stochastic rounding while a CUDA graph is being captured "
+                  "needs its update count on the GPU, which a step keeps there only under a "
+                  "GradScaler whose state is on the device (a CUDA GradScaler, or "
+                  "device_state(true)): with the count on the host every replay would round "
+                  "with the captured step's noise. Step through such a scaler, or capture "
+                  "without stochastic rounding. Nothing was changed.");
+      return;  // one query: the step's parameters share the capture
+    }
+  }
 }
 
 // After a step that rounded: the count moves on by one, or under a device
@@ -378,11 +456,14 @@ void run_batches(Batches<Batch>& batches, StochasticRounding& rounding, const St
   for (const auto& kv : batches.all()) {
     aten_rounded = aten_rounded || kv.second.rounded.size() != 0;
   }
-  const RoundingKeys keys = aten_rounded ? step_keys(rounding, flags, params) : RoundingKeys{};
+  StepKeys keys(rounding, flags, params);
   for (auto& kv : batches.all()) {
-    kv.second.join();
-    call(kv.second);
-    kv.second.write_back(flags, keys, rounding.layouts);
+    Batch& b = kv.second;
+    b.join();
+    call(b);
+    b.write_back(flags, b.rounded.size() != 0 ? keys.on(b.params.front().device()) : RoundingKeys{},
+                 rounding.layouts);
+    b.release();
   }
   if (cpu_rounded || aten_rounded) {
     count_rounded_update(rounding, flags);
@@ -396,6 +477,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
   StochasticRounding& rounding = f.rounding;
   StepCache::Plan& plan = ready_plan<State>(opt, f.cache, masters, f.rules(), adam_tensors<State>);
   StepFlags flags = read_flags(opt, args, f.aten_on_cpu);
+  refuse_host_count_under_capture(plan, rounding, flags);
   if (flags.found_on_device.defined() && any_cpu_job(plan, f.aten_on_cpu)) {
     read_for_cpu_jobs(flags);
   }
@@ -443,7 +525,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
     }
     const at::Tensor& grad = *r.grad;
     if (takes_aten(p, f.aten_on_cpu)) {
-      AdamBatch& b = batches.for_param(c.group, p, c.state_dtype, false);
+      AdamBatch& b = batches.for_param(c.group, c, false);
       // Its count on the device, made from the state's before this step's.
       b.steps.push_back(device_step(f, c, &st, st.step()));
       // The device's count is the one ATen reads; the state's follows it
@@ -528,6 +610,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
   StepCache::Plan& plan =
       ready_plan<torch::optim::SGDParamState>(opt, f.cache, masters, f.rules(), sgd_tensors);
   StepFlags flags = read_flags(opt, args, f.aten_on_cpu);
+  refuse_host_count_under_capture(plan, rounding, flags);
   if (flags.found_on_device.defined() &&
       (any_cpu_job(plan, f.aten_on_cpu) || new_momentum_buffers(opt, plan))) {
     // A new momentum buffer takes the first direction only if the step is
@@ -572,7 +655,7 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
     }
     const at::Tensor& grad = *r.grad;
     if (takes_aten(p, f.aten_on_cpu)) {
-      SgdBatch& b = batches.for_param(c.group, p, c.state_dtype, first);
+      SgdBatch& b = batches.for_param(c.group, c, first);
       if (b.params.empty()) {
         b.lr = options.lr();
         b.lr_tensor = lr_tensor_of(f, c.group);
@@ -618,6 +701,10 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
 }
 
 }  // namespace
+
+int64_t call_elements() {
+  return g_call_elements;
+}
 
 void set_call_elements(int64_t elements) {
   TORCH_CHECK_VALUE(elements > 0, "set_call_elements: ", elements, " is not positive");

@@ -60,6 +60,7 @@ inline StateTensors sgd_tensors(const torch::optim::SGDParamState& s) {
 // How many elements one ATen fused call takes at most (with the flat
 // buffers of master weights and stochastic rounding; a larger tensor is a
 // call alone): 2^24 unless a test sets another. Not thread-safe.
+int64_t call_elements();
 void set_call_elements(int64_t elements);
 
 // Each counts an update in `f.rounding` (when on) unless the step is skipped.

@@ -271,8 +271,9 @@ void parts_change_nothing(const Options& options, const FusedOptions& fused, at:
                           const char* what) {
   SCOPED_TRACE(what);
   struct Parts {  // the limit for a scope, put back after it
+    int64_t was = torchamp::optim::call_elements();
     explicit Parts(int64_t n) { torchamp::optim::set_call_elements(n); }
-    ~Parts() { torchamp::optim::set_call_elements(int64_t{1} << 24); }
+    ~Parts() { torchamp::optim::set_call_elements(was); }
   };
   const auto aten = FusedOptions(fused).aten_kernels(true);
   Training<Opt> whole(make_params(dtype), options, aten);
@@ -376,12 +377,14 @@ TEST(AtenKernels, StochasticRoundingOpsAreTheKernelsArithmetic) {
   }
   // Several parameters laid end to end, their keys in any order: each
   // element's noise is its parameter's alone.
-  const std::vector<int64_t> flats{2, 0, 1}, numels{5, n, 3};
+  // (one of them empty).
+  const RoundingKeys four = torchamp::optim::rounding_keys(11, 5, 4);
+  const std::vector<int64_t> flats{2, 0, 3, 1}, numels{5, 0, n, 3};
   const auto joint = torchamp::optim::aten_noise(
-      keys, torchamp::optim::rounding_layout(flats, numels, at::kCPU), n + 8, 2);
+      four, torchamp::optim::rounding_layout(flats, numels, at::kCPU), n + 8, 2);
   std::vector<at::Tensor> alone[3];
   for (size_t j = 0; j < flats.size(); ++j) {
-    const auto one = torchamp::optim::aten_noise(keys, flats[j], numels[j], at::kCPU, 2);
+    const auto one = torchamp::optim::aten_noise(four, flats[j], numels[j], at::kCPU, 2);
     alone[0].push_back(one.param);
     alone[1].push_back(one.state0);
     alone[2].push_back(one.state1);
@@ -431,11 +434,40 @@ void rounding_paths_agree(const Options& options, const char* what,
     total += gap.numel();
     widest = std::max(widest, gap.max().item<int64_t>());
   }
+  // The state too, tensor by tensor (each rounds with its own noise: the
+  // first state tensor's, then the second's, AMSGrad's max the second's):
+  // elements that differ, where the same noise would give the same bits.
+  int64_t state_differ = 0, state_total = 0;
+  for (size_t i = 0; i < own.ps.size(); ++i) {
+    const auto tensors = [&](const Training<Opt>& t) {
+      const auto& st = *t.opt.state().at(torchamp::compat::optim_state_key(t.opt.state(), t.ps[i]));
+      std::vector<at::Tensor> out;
+      if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(&st)) {
+        out.push_back(sgd->momentum_buffer());
+      } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(&st)) {
+        out = {adam->exp_avg(), adam->exp_avg_sq(), adam->max_exp_avg_sq()};
+      } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(&st)) {
+        out = {adamw->exp_avg(), adamw->exp_avg_sq(), adamw->max_exp_avg_sq()};
+      }
+      return out;
+    };
+    const std::vector<at::Tensor> a = tensors(own), b = tensors(aten);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < a.size(); ++k) {
+      ASSERT_EQ(a[k].defined(), b[k].defined()) << "tensor " << i << " state " << k;
+      if (a[k].defined() && a[k].scalar_type() == at::kBFloat16) {  // float32: no rounding
+        state_differ += bits(a[k]).ne(bits(b[k])).sum().item<int64_t>();
+        state_total += a[k].numel();
+      }
+    }
+  }
   std::cout << "[ aten path ] " << what << " stochastic rounding: " << differ << " of " << total
             << " parameter elements differ from torchamp's kernels after 40 steps, by at most "
-            << widest << " bfloat16 steps\n";
+            << widest << " bfloat16 steps; " << state_differ << " of " << state_total
+            << " state elements differ\n";
   EXPECT_LE(widest, 2);
-  EXPECT_LE(differ * 100, total);  // under 1%
+  EXPECT_LE(differ * 100, total);              // under 1%
+  EXPECT_LE(state_differ * 100, state_total);  // under 1%
 }
 
 TEST(AtenKernels, StochasticRoundingAgreesWithTheCpuKernels) {
