@@ -910,6 +910,25 @@ TEST(DeviceStateCuda, CaptureRefusesWhatItCannotReplay) {
   torch::cuda::synchronize();
   EXPECT_TRUE(gpu.detach().equal(gpu_before));
   EXPECT_TRUE(cpu.detach().equal(cpu_before));
+  // Stochastic rounding with its update count on the host (a plain step):
+  // the count would be frozen into the graph.
+  auto bf16 = torch::ones({8}, torch::dtype(torch::kBFloat16).device(torch::kCUDA));
+  torchamp::optim::AdamW rounding({bf16}, torch::optim::AdamWOptions(0.1),
+                                  torchamp::optim::FusedOptions().stochastic_rounding(true));
+  bf16.mutable_grad() = torch::full({8}, 0.5, bf16.options());
+  rounding.step();  // eager: the state made
+  const at::Tensor bf16_before = bf16.detach().clone();
+  {
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    torchamp_test::expect_throws<c10::Error>(
+        [&] { rounding.step(); }, "stochastic rounding while a CUDA graph is being captured");
+    graph.capture_end();
+  }
+  torch::cuda::synchronize();
+  EXPECT_TRUE(bf16.detach().equal(bf16_before));
+  const auto key = torchamp::compat::optim_state_key(rounding.state(), bf16);
+  EXPECT_EQ(static_cast<const torch::optim::AdamWParamState&>(*rounding.state().at(key)).step(), 1);
 }
 
 }  // namespace
