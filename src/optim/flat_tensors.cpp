@@ -11,7 +11,7 @@ at::Tensor flat(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> rows;
   rows.reserve(tensors.size());
   for (const at::Tensor& t : tensors) {
-    rows.push_back(t.reshape({-1}));
+    rows.push_back(t.dim() == 1 ? t : t.reshape({-1}));  // no op where none is needed
   }
   return at::cat(rows);
 }
@@ -24,7 +24,9 @@ std::vector<at::Tensor> pieces(const at::Tensor& flat, const std::vector<at::Ten
   }
   std::vector<at::Tensor> out = flat.split_with_sizes(numels);
   for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = out[i].view(like[i].sizes());
+    if (like[i].dim() != 1) {  // a 1-D piece has its tensor's shape already
+      out[i] = out[i].view(like[i].sizes());
+    }
   }
   return out;
 }
