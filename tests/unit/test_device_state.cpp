@@ -795,6 +795,24 @@ struct NoSyncs {
   NoSyncs& operator=(const NoSyncs&) = delete;
 };
 
+// One side of a GPU test: make_params() on `device` in `dtype`, AdamW on
+// ATen's path with `fused`, and a scaler with its state in tensors.
+struct GpuSide {
+  std::vector<at::Tensor> params;
+  std::unique_ptr<torchamp::optim::AdamW> opt;
+  std::unique_ptr<GradScaler> scaler;
+  GpuSide(c10::Device device, at::ScalarType dtype, const torch::optim::AdamWOptions& options,
+          const FusedOptions& fused) {
+    for (const at::Tensor& p : make_params()) {
+      params.push_back(p.to(device, dtype));
+    }
+    opt = std::make_unique<torchamp::optim::AdamW>(params, options,
+                                                   FusedOptions(fused).aten_kernels(true));
+    scaler = std::make_unique<GradScaler>(
+        GradScalerOptions().init_scale(1 << 12).growth_interval(3).device_state(true));
+  }
+};
+
 TEST(DeviceStateCuda, MasterWeightsTrainOnTheGpuAsOnTheCpu) {
   SKIP_WITHOUT_ATEN_FUSED_OPS();
   if (!torch::cuda::is_available()) {
@@ -802,24 +820,11 @@ TEST(DeviceStateCuda, MasterWeightsTrainOnTheGpuAsOnTheCpu) {
   }
   for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
     SCOPED_TRACE(c10::toString(dtype));
-    struct Side {
-      std::vector<at::Tensor> params;
-      std::unique_ptr<torchamp::optim::AdamW> opt;
-      std::unique_ptr<GradScaler> scaler;
+    const auto make = [&](c10::Device device) {
+      return GpuSide(device, dtype, torch::optim::AdamWOptions(1e-2),
+                     FusedOptions().master_weights(true));
     };
-    auto make = [&](c10::Device device) {
-      Side s;
-      for (const at::Tensor& p : make_params()) {
-        s.params.push_back(p.to(device, dtype));
-      }
-      s.opt = std::make_unique<torchamp::optim::AdamW>(
-          s.params, torch::optim::AdamWOptions(1e-2),
-          FusedOptions().master_weights(true).aten_kernels(true));
-      s.scaler = std::make_unique<GradScaler>(
-          GradScalerOptions().init_scale(1 << 12).growth_interval(3).device_state(true));
-      return s;
-    };
-    Side cpu = make(c10::kCPU), gpu = make(c10::kCUDA);
+    GpuSide cpu = make(c10::kCPU), gpu = make(c10::kCUDA);
     at::Tensor lr = gpu.opt->lr_tensor(0);
     for (int s = 0; s < 40; ++s) {
       torch::manual_seed(700 + s);
@@ -875,24 +880,11 @@ TEST(DeviceStateCuda, StochasticRoundingRunsOnTheGpuAsOnTheCpuWithNoSync) {
   }
   for (const bool scaled : {true, false}) {
     SCOPED_TRACE(scaled ? "device scaler" : "plain steps");
-    struct Side {
-      std::vector<at::Tensor> params;
-      std::unique_ptr<torchamp::optim::AdamW> opt;
-      std::unique_ptr<GradScaler> scaler;
+    const auto make = [&](c10::Device device) {
+      return GpuSide(device, at::kBFloat16, torch::optim::AdamWOptions(1e-2).amsgrad(true),
+                     FusedOptions().stochastic_rounding(true).seed(5));
     };
-    auto make = [&](c10::Device device) {
-      Side s;
-      for (const at::Tensor& p : make_params()) {
-        s.params.push_back(p.to(device, at::kBFloat16));
-      }
-      s.opt = std::make_unique<torchamp::optim::AdamW>(
-          s.params, torch::optim::AdamWOptions(1e-2).amsgrad(true),
-          FusedOptions().stochastic_rounding(true).seed(5).aten_kernels(true));
-      s.scaler = std::make_unique<GradScaler>(
-          GradScalerOptions().init_scale(1 << 12).growth_interval(3).device_state(true));
-      return s;
-    };
-    Side cpu = make(c10::kCPU), gpu = make(c10::kCUDA);
+    GpuSide cpu = make(c10::kCPU), gpu = make(c10::kCUDA);
     for (int s = 0; s < 20; ++s) {
       torch::manual_seed(900 + s);
       const double scale = scaled ? cpu.scaler->get_scale() : 1.0;
@@ -904,7 +896,7 @@ TEST(DeviceStateCuda, StochasticRoundingRunsOnTheGpuAsOnTheCpuWithNoSync) {
         cpu.params[i].mutable_grad() = g.to(at::kBFloat16);
         gpu.params[i].mutable_grad() = g.to(at::kBFloat16).to(c10::kCUDA);
       }
-      for (Side* side : {&gpu, &cpu}) {
+      for (GpuSide* side : {&gpu, &cpu}) {
         std::optional<NoSyncs> no_syncs;
         if (side == &gpu && s > 0) {  // the first step makes the state
           no_syncs.emplace();
