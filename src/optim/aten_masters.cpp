@@ -31,13 +31,6 @@ std::pair<at::Tensor, at::Tensor> split_bf16_bits(const at::Tensor& master) {
   return {high.to(at::kShort), low.to(at::kShort)};
 }
 
-void split_bf16_master(const at::Tensor& master, const at::Tensor& param,
-                       const at::Tensor& remainder) {
-  const auto halves = split_bf16_bits(master);
-  param.view(at::kShort).copy_(halves.first);
-  remainder.copy_(halves.second);
-}
-
 void AtenMasters::add(const at::Tensor& param, const at::Tensor& stored, const at::Tensor& grad) {
   const bool bf16 = param.scalar_type() == at::kBFloat16;
   Kind& kind = bf16 ? bf16_ : f16_;

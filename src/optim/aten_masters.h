@@ -24,10 +24,6 @@ at::Tensor join_bf16_master(const at::Tensor& param, const at::Tensor& remainder
 // low half is 0x8000 or more; the remainder is the low half (signed).
 std::pair<at::Tensor, at::Tensor> split_bf16_bits(const at::Tensor& master);
 
-// Writes a float32 master back as its bfloat16 parameter and remainder.
-void split_bf16_master(const at::Tensor& master, const at::Tensor& param,
-                       const at::Tensor& remainder);
-
 // The parameters with master weights in one ATen fused call. join() makes
 // their float32 masters and gradients as views of flat buffers, a few ops
 // for all of them; the call updates those; write_back() writes the
@@ -38,7 +34,6 @@ class AtenMasters {
   // A bfloat16 or float16 parameter, its stored master (an int16 remainder
   // or a float32 copy, of its numel) and its gradient.
   void add(const at::Tensor& param, const at::Tensor& stored, const at::Tensor& grad);
-  size_t size() const { return order_.size(); }
 
   // The float32 masters and gradients the call takes, in the order added
   // (each shaped as its parameter). A float16 parameter's master is its

@@ -122,20 +122,11 @@ AtenNoise aten_noise(const RoundingKeys& keys, const at::Tensor& layout, int64_t
   return noise;
 }
 
-AtenNoise aten_noise(const RoundingKeys& keys, int64_t flat, int64_t numel, c10::Device device,
-                     int states) {
-  return aten_noise(keys, rounding_layout({flat}, {numel}, device), numel, states);
-}
-
 at::Tensor stochastic_bits(const at::Tensor& value, const at::Tensor& noise) {
   // float_to_bf16_stochastic: (bits + noise) >> 16, NaN -> 0x7FC0.
   at::Tensor rounded = shift_right(value.view(at::kInt).add(noise.view(value.sizes())), 16, 32);
   rounded.masked_fill_(at::isnan(value), 0x7fc0);
   return rounded.to(at::kShort);
-}
-
-void round_stochastically(const at::Tensor& value, const at::Tensor& noise, const at::Tensor& dst) {
-  dst.view(at::kShort).copy_(stochastic_bits(value, noise));
 }
 
 void AtenRounding::add(int64_t flat, const at::Tensor& param, const at::Tensor& grad) {
@@ -163,8 +154,7 @@ void AtenRounding::join() {
   }
   flat_params32_ = flat(params_).to(at::kFloat);
   params32_ = pieces(flat_params32_, params_);
-  flat_grads32_ = flat(grads_).to(at::kFloat);
-  grads32_ = pieces(flat_grads32_, grads_);
+  grads32_ = pieces(flat(grads_).to(at::kFloat), grads_);
   for (const std::vector<at::Tensor>& kth : states_) {
     // One optimizer's options: every parameter of a call has the same state.
     TORCH_INTERNAL_ASSERT(kth.size() == params_.size());

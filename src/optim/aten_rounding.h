@@ -51,18 +51,10 @@ AtenNoise aten_noise(const RoundingKeys& keys, const at::Tensor& layout, int64_t
 at::Tensor rounding_layout(const std::vector<int64_t>& flats, const std::vector<int64_t>& numels,
                            c10::Device device);
 
-// One parameter's noise under key `flat` of `keys`, on `device`.
-AtenNoise aten_noise(const RoundingKeys& keys, int64_t flat, int64_t numel, c10::Device device,
-                     int states);
-
 // The bfloat16 bits (int16, `value`'s shape) of float32 `value` rounded
 // stochastically with `noise` (one element each, in order); NaN gives
 // 0x7FC0.
 at::Tensor stochastic_bits(const at::Tensor& value, const at::Tensor& noise);
-
-// Writes float32 `value` into the bfloat16 tensor `dst` of the same shape,
-// rounded stochastically with `noise`.
-void round_stochastically(const at::Tensor& value, const at::Tensor& noise, const at::Tensor& dst);
 
 // The parameters that round stochastically in one ATen fused call, beside
 // AtenMasters: join() makes float32 copies of the bfloat16 parameters,
@@ -98,7 +90,7 @@ class AtenRounding {
   std::vector<int64_t> flats_;
   std::vector<at::Tensor> params_, grads_;
   std::vector<std::vector<at::Tensor>> states_;  // [k]: each parameter's k-th
-  at::Tensor flat_params32_, flat_grads32_;
+  at::Tensor flat_params32_;
   std::vector<at::Tensor> flat_states32_;
   std::vector<at::Tensor> params32_, grads32_;
   std::vector<std::vector<at::Tensor>> states32_;

@@ -16,8 +16,8 @@
 #include "compat/compat.h"          // kAtenFusedOptimizers
 #include "kernels/bf16.h"           // noise32, float_to_bf16_stochastic
 #include "kernels/optim_kernels.h"  // rounding_key
-#include "optim/aten_masters.h"     // join_bf16_master, split_bf16_master
-#include "optim/aten_rounding.h"    // rounding_keys, aten_noise, rounding_layout, ...
+#include "optim/aten_masters.h"     // join_bf16_master, split_bf16_bits
+#include "optim/aten_rounding.h"    // rounding_keys, aten_noise, rounding_layout, stochastic_bits
 #include "optim/updates.h"          // set_call_elements
 
 #include <torch/torch.h>
@@ -331,11 +331,9 @@ TEST(AtenKernels, JoinAndSplitAreTheRemainderSchemeForEveryPattern) {
                                     .bitwise_and(int64_t{0xffffffff})
                                     .to(at::kInt);  // modulo 2^32, as the kernels' uint32
     ASSERT_TRUE(master.view(at::kInt).equal(expected)) << "remainder " << remainder;
-    at::Tensor p2 = torch::zeros({1 << 16}, at::kBFloat16);
-    at::Tensor r2 = torch::zeros({1 << 16}, at::kShort);
-    torchamp::optim::split_bf16_master(master, p2, r2);
-    ASSERT_TRUE(p2.view(at::kShort).equal(param.view(at::kShort))) << "remainder " << remainder;
-    ASSERT_TRUE(r2.equal(rem)) << "remainder " << remainder;
+    const auto halves = torchamp::optim::split_bf16_bits(master);
+    ASSERT_TRUE(halves.first.equal(param.view(at::kShort))) << "remainder " << remainder;
+    ASSERT_TRUE(halves.second.equal(rem)) << "remainder " << remainder;
   }
 }
 
@@ -343,6 +341,11 @@ TEST(AtenKernels, JoinAndSplitAreTheRemainderSchemeForEveryPattern) {
 // (from a host count, and from a count in a tensor), each element's noise,
 // and the rounding of every kind of float32 value.
 TEST(AtenKernels, StochasticRoundingOpsAreTheKernelsArithmetic) {
+  // One parameter's noise under key `flat` of `keys`, alone (on the CPU).
+  const auto noise_of = [](const torchamp::optim::RoundingKeys& keys, int64_t flat, int64_t numel) {
+    return torchamp::optim::aten_noise(
+        keys, torchamp::optim::rounding_layout({flat}, {numel}, at::kCPU), numel, 2);
+  };
   namespace k = torchamp::kernels;
   using torchamp::optim::RoundingKeys;
   for (const uint64_t seed : {uint64_t{0}, uint64_t{7}, ~uint64_t{0} - 3}) {
@@ -362,7 +365,7 @@ TEST(AtenKernels, StochasticRoundingOpsAreTheKernelsArithmetic) {
   }
   const RoundingKeys keys = torchamp::optim::rounding_keys(11, 5, 3);
   const int64_t n = 70000;
-  const auto noise = torchamp::optim::aten_noise(keys, 2, n, at::kCPU, 2);
+  const auto noise = noise_of(keys, 2, n);
   const auto k0 = static_cast<uint32_t>(keys.low[2].item<int32_t>());
   const auto k1 = static_cast<uint32_t>(keys.high[2].item<int32_t>());
   const auto* np = noise.param.data_ptr<int32_t>();
@@ -376,15 +379,14 @@ TEST(AtenKernels, StochasticRoundingOpsAreTheKernelsArithmetic) {
     ASSERT_EQ(static_cast<uint32_t>(n1[i]), b & 0xffffu) << i;
   }
   // Several parameters laid end to end, their keys in any order: each
-  // element's noise is its parameter's alone.
-  // (one of them empty).
+  // element's noise is its parameter's alone (one of them empty).
   const RoundingKeys four = torchamp::optim::rounding_keys(11, 5, 4);
   const std::vector<int64_t> flats{2, 0, 3, 1}, numels{5, 0, n, 3};
   const auto joint = torchamp::optim::aten_noise(
       four, torchamp::optim::rounding_layout(flats, numels, at::kCPU), n + 8, 2);
   std::vector<at::Tensor> alone[3];
   for (size_t j = 0; j < flats.size(); ++j) {
-    const auto one = torchamp::optim::aten_noise(four, flats[j], numels[j], at::kCPU, 2);
+    const auto one = noise_of(four, flats[j], numels[j]);
     alone[0].push_back(one.param);
     alone[1].push_back(one.state0);
     alone[2].push_back(one.state1);
@@ -399,9 +401,8 @@ TEST(AtenKernels, StochasticRoundingOpsAreTheKernelsArithmetic) {
                        values.add(0xffff), values.add(0x1234)})
                .view(at::kFloat);
   const auto m = values.numel();
-  const auto wide = torchamp::optim::aten_noise(keys, 0, m, at::kCPU, 2);
-  at::Tensor rounded = torch::empty({m}, at::kBFloat16);
-  torchamp::optim::round_stochastically(values, wide.state1, rounded);
+  const auto wide = noise_of(keys, 0, m);
+  const at::Tensor rounded = torchamp::optim::stochastic_bits(values, wide.state1);
   const auto* v = values.data_ptr<float>();
   const auto* w = wide.state1.data_ptr<int32_t>();
   const auto* r = static_cast<const uint16_t*>(rounded.data_ptr());
