@@ -113,8 +113,8 @@ struct Trainer {
                    .enabled(mode_.scaler)
                    .device_state(c_.device_step)) {}
 
-  // Data-parallel from here on (after a resume's load: Module::load gives the
-  // parameters new storage, which a Reducer built before would not see).
+  // Data-parallel from here on (after a resume's load, which then costs no
+  // second Reducer; one built before would make a new one at the next forward).
   void distribute() {
     // Summed, not averaged: each rank's loss is already weighted by its
     // share (micro_step), so a rank's float16 activation gradients are the

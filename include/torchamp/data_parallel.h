@@ -149,7 +149,9 @@ class DistributedDataParallel {
   /// rebuild after the first iteration) and after it (`prepare_for_backward`,
   /// with `call`'s tensors when `find_unused_parameters`), and returns what
   /// `call` returned. The backward that follows reduces the gradients, unless
-  /// the forward ran under `no_sync()` or with gradients disabled. Throws
+  /// the forward ran under `no_sync()` or with gradients disabled. Parameters
+  /// loaded since construction (`torch::load`, `Module::load`: every rank
+  /// alike) are hooked again first (docs/distributed.md). Throws
   /// `c10::Error` where the previous iteration's reduction did not finish
   /// (a parameter got no gradient without `find_unused_parameters`). A
   /// failed all-reduce makes that backward throw `c10::Error` naming it.

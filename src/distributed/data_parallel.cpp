@@ -12,6 +12,7 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
@@ -181,11 +182,78 @@ struct DistributedDataParallel::Impl {
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   DistributedDataParallelOptions options;
   std::vector<at::Tensor> params;
+  std::vector<bool> sparse;        // of params: from a module with sparse gradients
   std::vector<std::string> names;  // of params, as named_parameters() names them
   std::shared_ptr<c10d::Reducer> reducer;
+  // Each parameter's gradient accumulator when the Reducer hooked it (the
+  // Reducer keeps them alive, so an address is not reused while it lives).
+  std::vector<const torch::autograd::Node*> hooked;
   bool require_backward_grad_sync = true;
   bool require_forward_param_sync = true;
+
+  void make_reducer();
+  bool hooks_lost() const;
 };
+
+// Python's _BucketCapacityConfig and _ddp_init_helper: without
+// find_unused_parameters, one bucket for the first iteration, rebuilt from
+// the order gradients arrived in; buckets reversed (reduced last first).
+// Makes the Reducer of `d`'s parameters, with its all-reduce, and what it
+// hooked; changes nothing where it throws.
+void DistributedDataParallel::Impl::make_reducer() {
+  Impl& d = *this;
+  const auto cap_mb = d.options.bucket_cap_mb();
+  const int64_t bucket_bytes =
+      static_cast<int64_t>(cap_mb.value_or(kDefaultBucketCapMb) * static_cast<double>(kMiB));
+  const int64_t first_bucket_bytes = cap_mb ? bucket_bytes : kFirstBucketBytes;
+  std::vector<size_t> limits;
+  if (!d.options.find_unused_parameters()) {
+    limits = {static_cast<size_t>(std::numeric_limits<int64_t>::max())};
+  } else if (first_bucket_bytes < bucket_bytes) {
+    limits = {static_cast<size_t>(first_bucket_bytes), static_cast<size_t>(bucket_bytes)};
+  } else {
+    limits = {static_cast<size_t>(bucket_bytes)};
+  }
+  auto [buckets, bucket_limits] =
+      c10d::compute_bucket_assignment_by_size(d.params, limits, d.sparse);
+  std::reverse(buckets.begin(), buckets.end());
+  std::reverse(bucket_limits.begin(), bucket_limits.end());
+  std::unordered_map<size_t, std::string> names;
+  for (size_t i = 0; i < d.names.size(); ++i) {
+    names[i] = d.names[i];
+  }
+  auto reducer = compat::make_reducer<c10d::Reducer>(
+      d.params, std::move(buckets), std::move(bucket_limits), d.group, d.sparse, bucket_bytes,
+      d.options.find_unused_parameters(), d.options.gradient_as_bucket_view(), std::move(names),
+      first_bucket_bytes);
+  const bool any_sparse = std::find(d.sparse.begin(), d.sparse.end(), true) != d.sparse.end();
+  if (!d.options.average_gradients() || (!any_sparse && !d.options.gradient_as_bucket_view())) {
+    reducer->register_comm_hook(
+        std::make_unique<BucketAllReduce>(d.group, d.options.average_gradients()));
+  }
+  std::vector<const torch::autograd::Node*> hooked;
+  hooked.reserve(d.params.size());
+  for (const auto& p : d.params) {
+    hooked.push_back(torch::autograd::impl::try_get_grad_accumulator(p).get());
+  }
+  d.reducer = std::move(reducer);
+  d.hooked = std::move(hooked);
+}
+
+// Whether a parameter has another gradient accumulator than the one the
+// Reducer hooked: LibTorch's Module::load and torch::load `set_` each
+// parameter to the loaded tensor, and Module::to `set_data`s it to another
+// dtype or device; both drop the parameter's accumulator, and with it the
+// Reducer's hook (its gradient would never be reduced).
+bool DistributedDataParallel::Impl::hooks_lost() const {
+  const Impl& d = *this;
+  for (size_t i = 0; i < d.params.size(); ++i) {
+    if (torch::autograd::impl::try_get_grad_accumulator(d.params[i]).get() != d.hooked[i]) {
+      return true;
+    }
+  }
+  return false;
+}
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                                                  c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -202,9 +270,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   d.module = std::move(module);
   d.group = std::move(group);
   d.options = options;
-  std::vector<bool> sparse;
   std::unordered_map<size_t, std::string> names;
-  reducer_parameters(*d.module, d.params, sparse, names);
+  reducer_parameters(*d.module, d.params, d.sparse, names);
   TORCH_CHECK(!d.params.empty(),
               "DistributedDataParallel is not needed when a module doesn't have any parameter "
               "that requires a gradient.");
@@ -227,33 +294,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     }
     c10d::broadcast_coalesced(d.group, states, kBroadcastBucketBytes, 0);
   }
-
-  // Python's _BucketCapacityConfig and _ddp_init_helper: without
-  // find_unused_parameters, one bucket for the first iteration, rebuilt from
-  // the order gradients arrived in; buckets reversed (reduced last first).
-  const int64_t bucket_bytes =
-      static_cast<int64_t>(cap_mb.value_or(kDefaultBucketCapMb) * static_cast<double>(kMiB));
-  const int64_t first_bucket_bytes = cap_mb ? bucket_bytes : kFirstBucketBytes;
-  std::vector<size_t> limits;
-  if (!options.find_unused_parameters()) {
-    limits = {static_cast<size_t>(std::numeric_limits<int64_t>::max())};
-  } else if (first_bucket_bytes < bucket_bytes) {
-    limits = {static_cast<size_t>(first_bucket_bytes), static_cast<size_t>(bucket_bytes)};
-  } else {
-    limits = {static_cast<size_t>(bucket_bytes)};
-  }
-  auto [buckets, bucket_limits] = c10d::compute_bucket_assignment_by_size(d.params, limits, sparse);
-  std::reverse(buckets.begin(), buckets.end());
-  std::reverse(bucket_limits.begin(), bucket_limits.end());
-  d.reducer = compat::make_reducer<c10d::Reducer>(
-      d.params, std::move(buckets), std::move(bucket_limits), d.group, sparse, bucket_bytes,
-      options.find_unused_parameters(), options.gradient_as_bucket_view(), std::move(names),
-      first_bucket_bytes);
-  const bool any_sparse = std::find(sparse.begin(), sparse.end(), true) != sparse.end();
-  if (!options.average_gradients() || (!any_sparse && !options.gradient_as_bucket_view())) {
-    d.reducer->register_comm_hook(
-        std::make_unique<BucketAllReduce>(d.group, options.average_gradients()));
-  }
+  d.make_reducer();
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
@@ -264,6 +305,13 @@ DistributedDataParallel& DistributedDataParallel::operator=(DistributedDataParal
 void DistributedDataParallel::pre_forward_() {
   Impl& d = *impl_;
   const bool grad = at::GradMode::is_enabled();
+  // Parameters loaded (or moved) since the Reducer was made: a new one hooks
+  // their new accumulators. Local: every rank loads alike, so every rank
+  // makes its own at the same forward, and its first backward reduces as
+  // the first one did (one bucket, rebuilt after it).
+  if (grad && d.hooks_lost()) {
+    d.make_reducer();
+  }
   naming_unready(d.names, [&] {
     if (grad && d.require_backward_grad_sync) {
       d.reducer->prepare_for_forward();

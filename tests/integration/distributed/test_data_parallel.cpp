@@ -179,6 +179,22 @@ TEST(DataParallelCheckpoint, CheckpointedSegmentsTrainToTheSameParameters) {
   EXPECT_EQ(starting(amp, "step 2 stepped 0").size(), 1u);  // the overflow's step is skipped
 }
 
+// A checkpoint loaded into the model after DDP was built: LibTorch's
+// torch::load and Module::load `set_` each parameter to the loaded tensor,
+// which drops the gradient accumulator the Reducer had hooked. DDP hooks the
+// new ones at the next forward, so training goes on reduced, to the bits of
+// the run that never reloaded, on every rank (before, each rank went on with
+// its own gradients, silently), with and without find_unused_parameters
+// (whose graph search looks for the new accumulators).
+TEST(DataParallelReload, ParametersLoadedAfterConstructionAreStillReduced) {
+  const auto plain = agreed("ddp-train", 2);
+  const auto reloaded = agreed("ddp-train-reload", 2);
+  ASSERT_FALSE(params(plain).empty());
+  EXPECT_EQ(starting(reloaded, "param "), starting(plain, "param "));
+  EXPECT_EQ(starting(reloaded, "bucket"), starting(plain, "bucket"));  // rebuilt again alike
+  EXPECT_EQ(starting(agreed("ddp-train-reload-unused", 2), "param "), starting(plain, "param "));
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 3));
 
 // Bad arguments: typed errors that name the value; nothing changes.

@@ -26,6 +26,9 @@
 //            (torchamp::checkpoint_sequential, 3 segments; the first on the
 //            plain input); ddp-train-checkpoint-unused with
 //            find_unused_parameters
+//   ddp-train-reload, ddp-train-reload-unused  ddp-train with the model saved
+//            and loaded back (torch::save, torch::load) after step 1; -unused
+//            with find_unused_parameters
 //   ddp-errors                  bad arguments (1 rank)
 //   ddp-exit                    rank 1 exits in the middle of backward
 // Every line of the output file is one observation; the test compares them.
@@ -40,6 +43,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <sstream>
 #include <string>
 
 namespace torchamp_ddp {
@@ -129,9 +133,11 @@ inline std::unique_ptr<torchamp::DistributedDataParallel> wrap(
   return std::make_unique<torchamp::DistributedDataParallel>(model.ptr(), make_group(), options);
 }
 
-// ddp-train, ddp-train-view, ddp-local.
-inline int train(bool local, bool view, bool ckpt, bool find_unused, int rank, int world,
-                 const GroupFactory& make_group, std::ofstream& out) {
+// ddp-train, ddp-train-view, ddp-local; with `reload`, the model saved and
+// loaded back after step 1 (torch::load `set_`s each parameter: new tensors
+// with the same values, under the DDP built before).
+inline int train(bool local, bool view, bool ckpt, bool find_unused, bool reload, int rank,
+                 int world, const GroupFactory& make_group, std::ofstream& out) {
   auto model = make_model();
   auto opt = make_sgd(model);
   const auto ddp = wrap(local, model, make_group,
@@ -140,6 +146,11 @@ inline int train(bool local, bool view, bool ckpt, bool find_unused, int rank, i
                             .gradient_as_bucket_view(view)
                             .find_unused_parameters(find_unused));
   for (int step = 0; step < 5; ++step) {
+    if (reload && step == 2) {
+      std::stringstream saved;
+      torch::save(model, saved);
+      torch::load(model, saved);
+    }
     const auto [x, y] = batch(step, local ? 0 : rank, local ? 1 : world);
     grads_to_none(*model);
     const auto out_t = ddp ? ddp->forward([&, x = x] { return forward(model, x, ckpt); })
@@ -399,10 +410,12 @@ inline int exit_mid_backward(int rank, int world, const GroupFactory& make_group
 inline int run(const std::string& scenario, int rank, int world, const GroupFactory& make_group,
                std::ofstream& out) {
   if (scenario == "ddp-train" || scenario == "ddp-train-view" || scenario == "ddp-local" ||
-      scenario.rfind("ddp-train-checkpoint", 0) == 0) {
+      scenario.rfind("ddp-train-checkpoint", 0) == 0 ||
+      scenario.rfind("ddp-train-reload", 0) == 0) {
+    const bool unused = scenario.size() > 7 && scenario.substr(scenario.size() - 7) == "-unused";
     return train(scenario == "ddp-local", scenario == "ddp-train-view",
-                 scenario.rfind("ddp-train-checkpoint", 0) == 0,
-                 scenario == "ddp-train-checkpoint-unused", rank, world, make_group, out);
+                 scenario.rfind("ddp-train-checkpoint", 0) == 0, unused,
+                 scenario.rfind("ddp-train-reload", 0) == 0, rank, world, make_group, out);
   }
   if (scenario == "ddp-no-sync" || scenario == "ddp-no-sync-local" ||
       scenario == "ddp-no-sync-checkpoint") {
