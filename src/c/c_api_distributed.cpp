@@ -15,6 +15,7 @@
 
 #include <torch/nn/module.h>
 
+#include <optional>
 #include <string>
 
 struct torchamp_process_group {
@@ -24,6 +25,8 @@ struct torchamp_process_group {
 struct torchamp_ddp {
   explicit torchamp_ddp(torchamp::DistributedDataParallel d) : ddp(std::move(d)) {}
   torchamp::DistributedDataParallel ddp;
+  // Held while torchamp_ddp_set_sync(ddp, 0) is in force (after ddp: ends first).
+  std::optional<torchamp::DistributedDataParallel::NoSync> no_sync;
 };
 #else
 struct torchamp_process_group {};
@@ -173,6 +176,24 @@ torchamp_status torchamp_ddp_prepare_backward(torchamp_ddp* ddp, torchamp_tensor
     // The forward already ran in the caller's binding: DDP's work before and
     // after it (the module has no buffers to broadcast first).
     d.ddp.forward([&] { return tensors; });
+#else
+    (void)d;
+#endif
+  });
+}
+
+torchamp_status torchamp_ddp_set_sync(torchamp_ddp* ddp, int32_t sync) {
+  return guarded([&] {
+    require_distributed("torchamp_ddp_set_sync");
+    auto& d = need(ddp, "torchamp_ddp_set_sync", "ddp");
+    TORCH_CHECK_VALUE(sync == 0 || sync == 1, "torchamp_ddp_set_sync: sync must be 0 or 1, got ",
+                      sync);
+#if TORCHAMP_WITH_DISTRIBUTED
+    if (sync == 0 && !d.no_sync) {
+      d.no_sync.emplace(d.ddp.no_sync());
+    } else if (sync == 1) {
+      d.no_sync.reset();
+    }
 #else
     (void)d;
 #endif

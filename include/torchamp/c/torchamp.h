@@ -291,6 +291,12 @@ TORCHAMP_C_API torchamp_status torchamp_ddp_new(torchamp_process_group* group,
 TORCHAMP_C_API torchamp_status torchamp_ddp_prepare_backward(torchamp_ddp* ddp,
                                                              torchamp_tensor* const* outputs,
                                                              size_t count);
+/* Accumulation (DistributedDataParallel::no_sync; Python's
+ * require_backward_grad_sync): with sync 0, the backward after each
+ * following prepare_backward keeps its gradients local, adding to those
+ * there; with sync 1 (the default) the next one reduces the sum. Any other
+ * value: TORCHAMP_VALUE_ERROR, and nothing changes. */
+TORCHAMP_C_API torchamp_status torchamp_ddp_set_sync(torchamp_ddp* ddp, int32_t sync);
 TORCHAMP_C_API void torchamp_ddp_free(torchamp_ddp* ddp);
 
 #ifdef __cplusplus

@@ -497,6 +497,31 @@ static int distributed_rank(const char* work) {
   OK(torchamp_optimizer_zero_grad(optimizer, 0));
   EXPECT(shim_grad_item(w, 0) == 0.0 && shim_grad_item(b, 0) == 0.0);
 
+  /* Accumulation: a backward with sync 0 keeps this rank's gradients; the
+   * next with sync 1 reduces the sum (2 local each: local + other). */
+  FAILS(torchamp_ddp_set_sync(ddp, 2), TORCHAMP_VALUE_ERROR, "sync must be 0 or 1, got 2");
+  FAILS(torchamp_ddp_set_sync(NULL, 0), TORCHAMP_TYPE_ERROR, "torchamp_ddp_set_sync: ddp is NULL");
+  for (int sync = 0; sync <= 1; ++sync) {
+    OK(torchamp_ddp_set_sync(ddp, sync));
+    OK(torchamp_ddp_set_sync(ddp, sync)); /* again: nothing more */
+    out = shim_linear(x, w, b);
+    OK(torchamp_ddp_prepare_backward(ddp, &out, 1));
+    loss = shim_mse_loss(out, y);
+    shim_backward(loss);
+    for (int i = 0; i < 5; ++i) {
+      const float got = (float)shim_grad_item(i < 4 ? w : b, i < 4 ? i : 0);
+      const float expected = sync ? local[i] + other[i] : local[i];
+      if (got != expected) {
+        fprintf(stderr, "[rank %d] sync %d gradient %d: %.9g, expected %.9g\n", rank, sync, i, got,
+                expected);
+        ++failures;
+      }
+    }
+    shim_free(loss);
+    shim_free(out);
+  }
+  OK(torchamp_optimizer_zero_grad(optimizer, 0));
+
   /* found-inf agreement: rank 1's gradient is inf, and both ranks skip. */
   OK(torchamp_scaler_new(NULL, &scaler));
   OK(torchamp_scaler_set_process_group(scaler, group));
