@@ -5,14 +5,33 @@
 #include <torchamp/grad_scaler.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
 namespace torchamp_test {
+
+/// The parameter a master weight rounds to (the masters' rule, on the host):
+/// float16 to nearest even; bfloat16 to nearest, ties away from zero (the
+/// remainder scheme), where `to(kBFloat16)` would take the even one.
+inline at::Tensor master_rounded(const at::Tensor& master, at::ScalarType dtype) {
+  if (dtype == at::kHalf) {
+    return master.to(at::kHalf);
+  }
+  const at::Tensor m = master.to(at::kFloat).cpu().contiguous();
+  at::Tensor out = at::empty(m.sizes(), at::kBFloat16);
+  const auto* in = static_cast<const uint32_t*>(m.data_ptr());
+  auto* o = static_cast<uint16_t*>(out.data_ptr());
+  for (int64_t i = 0; i < m.numel(); ++i) {
+    o[i] = static_cast<uint16_t>((in[i] >> 16) + ((in[i] & 0xffffu) >= 0x8000u ? 1u : 0u));
+  }
+  return out;
+}
 
 /// Runs f; expects exactly exception type E (not a subclass-free check: E or
 /// derived) whose message contains `needle`.

@@ -273,7 +273,16 @@ bool GradScaler::unscale_on_device_(torch::optim::Optimizer& optimizer, Optimize
     }
     return false;
   }
-  on_device_(grads.front().param.grad().device());
+  // The state's device: the first gradient's off the CPU (a host scaler
+  // comes here for one), or the CPU with device_state.
+  c10::Device device = grads.front().param.grad().device();
+  for (const detail::GradRef& ref : grads) {
+    if (!ref.param.grad().device().is_cpu()) {
+      device = ref.param.grad().device();
+      break;
+    }
+  }
+  TORCH_INTERNAL_ASSERT(on_device_(device), "the scaler's state did not move to ", device);
   check_capturable_(unscale ? "unscale_" : "step", false);
   const c10::Device home = device_->scale.device();
   // Python: inv_scale = scale.double().reciprocal().float()
@@ -326,7 +335,11 @@ at::Tensor GradScaler::found_total_(const OptimizerState& state) const {
   for (size_t i = 1; i < state.found_on.size(); ++i) {
     total = total.add(state.found_on[i].to(home));
   }
-  return total;
+  // ATen's fused kernels skip only where the flag is exactly 1, and Adam's
+  // step counts go back by it: two devices' overflows must not make 2.
+  // (Python's GradScaler hands them the sum, and updates a two-device
+  // optimizer with inf/NaN gradients then.)
+  return state.found_on.size() > 1 ? total.clamp_max_(1.0f) : total;
 }
 
 std::vector<NonFiniteGradient> GradScaler::non_finite_gradients(

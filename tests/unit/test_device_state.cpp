@@ -856,13 +856,53 @@ TEST(DeviceStateCuda, MasterWeightsTrainOnTheGpuAsOnTheCpu) {
       for (size_t i = 0; i < cpu.params.size(); ++i) {
         const at::Tensor master = gpu.opt->master_weight(gpu.params[i]);
         ASSERT_TRUE(master.defined());
-        EXPECT_TRUE(bits(master.to(dtype).to(at::kFloat)).equal(bits(gpu.params[i].to(at::kFloat))))
+        EXPECT_TRUE(
+            bits(torchamp_test::master_rounded(master, dtype)).equal(bits(gpu.params[i].cpu())))
             << "step " << s << ": parameter " << i << " is not its master rounded";
         EXPECT_TRUE(
             torch::allclose(master.cpu(), cpu.opt->master_weight(cpu.params[i]), 1e-5, 1e-6))
             << "step " << s << ": parameter " << i;
       }
     }
+  }
+}
+
+// On a GPU (skipped without one): one optimizer over a CPU and a CUDA
+// parameter (ATen's path on both), both gradients overflowing. The flags of
+// the two devices add up to 2, and ATen's fused kernels skip only at exactly
+// 1 (as Python's GradScaler hands them the sum): the step must still be
+// skipped on both devices, then train on as a CPU-only run does.
+TEST(DeviceStateCuda, OverflowsOnTwoDevicesSkipTheStepOnBoth) {
+  SKIP_WITHOUT_ATEN_FUSED_OPS();
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  const std::vector<at::Tensor> start = {torch::randn({8, 4}), torch::randn({16})};
+  auto train = [&](c10::Device second) {
+    std::vector<at::Tensor> ps = {start[0].clone(), start[1].to(second)};
+    torchamp::optim::AdamW opt(ps, torch::optim::AdamWOptions(1e-2),
+                               FusedOptions().aten_kernels(true));
+    GradScaler scaler(GradScalerOptions().init_scale(1 << 10).device_state(true));
+    std::vector<std::vector<at::Tensor>> seen;
+    for (int s = 0; s < 4; ++s) {
+      torch::manual_seed(900 + s);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        at::Tensor g = torch::randn(ps[i].sizes()) * 1e-2 * scaler.get_scale();
+        if (s == 2) {
+          g[0] = std::numeric_limits<float>::infinity();
+        }
+        ps[i].mutable_grad() = g.to(ps[i].device());
+      }
+      scaler.step(opt);
+      scaler.update();
+      seen.push_back({ps[0].clone(), ps[1].cpu()});
+    }
+    return seen;
+  };
+  const auto mixed = train(c10::kCUDA), cpu = train(c10::kCPU);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(mixed[2][i].equal(mixed[1][i])) << "parameter " << i << " moved on the overflow";
+    EXPECT_TRUE(torch::allclose(mixed[3][i], cpu[3][i], 1e-5, 1e-6)) << "parameter " << i;
   }
 }
 

@@ -48,22 +48,6 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && bits(a).equal(bits(b));
 }
 
-// The parameter a master rounds to: float16 to nearest even; bfloat16 to
-// nearest, ties away from zero (the remainder scheme).
-at::Tensor rounded(const at::Tensor& master, at::ScalarType dtype) {
-  if (dtype == at::kHalf) {
-    return master.to(at::kHalf);
-  }
-  const at::Tensor m = master.to(at::kFloat).contiguous();
-  at::Tensor out = torch::empty(m.sizes(), at::kBFloat16);
-  const auto* in = static_cast<const uint32_t*>(m.data_ptr());
-  auto* o = static_cast<uint16_t*>(out.data_ptr());
-  for (int64_t i = 0; i < m.numel(); ++i) {
-    o[i] = static_cast<uint16_t>((in[i] >> 16) + ((in[i] & 0xffffu) >= 0x8000u ? 1u : 0u));
-  }
-  return out;
-}
-
 template <class Opt, class Options>
 std::unique_ptr<torch::optim::Optimizer> make(std::vector<at::Tensor> ps, const Options& options,
                                               FusedOptions fused = FusedOptions()) {
@@ -127,7 +111,7 @@ void masters_track_float32(at::ScalarType dtype, const Options& options, const c
         ASSERT_TRUE(same_bits(master, ref[i]))
             << "step " << s << " tensor " << i << ": master differs from the float32 model by "
             << (master - ref[i]).abs().max().item<double>();
-        ASSERT_TRUE(low[i].equal(rounded(ref[i], dtype)))
+        ASSERT_TRUE(low[i].equal(torchamp_test::master_rounded(ref[i], dtype)))
             << "step " << s << " tensor " << i << ": the parameter is not its master rounded";
       }
     }
