@@ -180,8 +180,9 @@ class GradScaler {
   /// Python's `clip_grad_norm_` does: on a device scaler the norm stays on
   /// the gradients' device (no read back, so the call can be captured in a
   /// CUDA graph); elsewhere a CPU tensor of the same value. Disabled, on
-  /// gradients off the CPU or with `device_state`: Python's tensor-op clip,
-  /// whose norm has the gradients' dtype (docs/grad_scaler.md).
+  /// gradients off the CPU or with `device_state`, and on a device scaler
+  /// with an optimizer that takes no scale: Python's tensor-op clip, whose
+  /// norm has the gradients' dtype (docs/grad_scaler.md).
   at::Tensor clip_grad_norm_tensor_(torch::optim::Optimizer& optimizer, double max_norm);
 
   /// Refused while enabled (`c10::Error`: its gradients would not be

@@ -619,6 +619,10 @@ double GradScaler::clip_(torch::optim::Optimizer& optimizer, double max_norm, at
   auto* amp = dynamic_cast<StepSupportsAmpScaling*>(&optimizer);
   if (amp == nullptr || !amp->prepare_amp_step()) {
     unscale_(optimizer);
+    if (device_) {  // the flag on the device: Python's clip in tensor ops, no read back
+      *on_device = clip_real_gradients_on_device(optimizer, max_norm);
+      return std::numeric_limits<double>::quiet_NaN();
+    }
     return clip_real_gradients(optimizer, max_norm, per_optimizer_[&optimizer].found_inf);
   }
   OptimizerState state;

@@ -539,6 +539,62 @@ TEST(DeviceState, ADisabledScalerClipsInTensorOpsWithNoRead) {
   }
 }
 
+// A device scaler with an optimizer that takes no scale (LibTorch's SGD):
+// clip_grad_norm_tensor_ is unscale_ then Python's tensor-op clip, with no
+// read back (it read each gradient's sum of squares, which a CUDA graph
+// capture cannot do); its norm and gradients are the host scaler's to
+// float32 rounding, and an overflow still skips the step (which reads the
+// flag: such an optimizer steps on the host's decision).
+TEST(DeviceState, AnOptimizerThatTakesNoScaleClipsWithNoRead) {
+  for (const double max_norm : {0.05, 100.0}) {  // clipped, and not
+    SCOPED_TRACE(max_norm);
+    torch::manual_seed(0);
+    torch::nn::Linear a(8, 4), b(8, 4);
+    b->weight.data().copy_(a->weight.data());
+    b->bias.data().copy_(a->bias.data());
+    torch::optim::SGD host_opt(a->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD dev_opt(b->parameters(), torch::optim::SGDOptions(0.1));
+    const auto options = GradScalerOptions().init_scale(1024);
+    GradScaler host(options), dev(GradScalerOptions(options).device_state(true));
+    for (int s = 0; s < 3; ++s) {
+      const float scale = s == 1 ? std::numeric_limits<float>::infinity() : 1.0f;  // overflow
+      auto backward = [&](torch::nn::Linear& m, torch::optim::SGD& opt, GradScaler& scaler) {
+        opt.zero_grad();
+        scaler.scale(torch::mse_loss(m->forward(torch::ones({3, 8})), torch::zeros({3, 4})) * scale)
+            .backward();
+      };
+      backward(a, host_opt, host);
+      const at::Tensor host_norm = host.clip_grad_norm_tensor_(host_opt, max_norm);
+      backward(b, dev_opt, dev);
+      at::Tensor norm;
+      {
+        HostSyncs reads;
+        norm = dev.clip_grad_norm_tensor_(dev_opt, max_norm);
+        EXPECT_EQ(reads.count(), 0) << "step " << s << ": unscale_ and the clip stay in tensors";
+      }
+      if (s == 1) {
+        EXPECT_FALSE(std::isfinite(norm.item<float>()));
+      } else {
+        EXPECT_TRUE(torch::allclose(norm, host_norm, 1e-6, 0)) << "step " << s;
+        for (size_t i = 0; i < 2; ++i) {
+          EXPECT_TRUE(
+              torch::allclose(b->parameters()[i].grad(), a->parameters()[i].grad(), 1e-6, 0))
+              << "step " << s << " gradient " << i;
+        }
+      }
+      ASSERT_EQ(host.step(host_opt).has_value(), s != 1);
+      ASSERT_EQ(dev.step(dev_opt).has_value(), s != 1);
+      host.update();
+      dev.update();
+      ASSERT_EQ(host.get_scale(), dev.get_scale()) << "step " << s;
+      for (size_t i = 0; i < 2; ++i) {
+        EXPECT_TRUE(torch::allclose(b->parameters()[i], a->parameters()[i], 1e-6, 0))
+            << "step " << s << " parameter " << i;
+      }
+    }
+  }
+}
+
 // The disabled tensor-op clip on what the host clip also takes: no gradient
 // (a 0 norm, nothing thrown) and a sparse gradient with a repeated index
 // (coalesced first: its norm is the host clip's).
