@@ -140,15 +140,20 @@ at::Tensor& device_step(detail::FusedState::Impl& f, const CachedParam& c,
   return entry.step;
 }
 
-// Whether this SGD step makes a momentum buffer (a parameter with momentum
-// and a gradient whose state has none).
+// Whether this SGD step makes r's momentum buffer (momentum, and a state
+// without one).
+bool makes_momentum_buffer(const torch::optim::Optimizer& opt, const StepCache::Plan& plan,
+                           const ReadyParam& r) {
+  const auto& options = static_cast<const torch::optim::SGDOptions&>(
+      opt.param_groups()[plan.params[r.index].group].options());
+  return options.momentum() != 0 &&
+         (r.state == nullptr ||
+          !static_cast<const torch::optim::SGDParamState*>(r.state)->momentum_buffer().defined());
+}
+
 bool new_momentum_buffers(const torch::optim::Optimizer& opt, const StepCache::Plan& plan) {
   for (const ReadyParam& r : plan.ready) {
-    const auto& options = static_cast<const torch::optim::SGDOptions&>(
-        opt.param_groups()[plan.params[r.index].group].options());
-    if (options.momentum() != 0 &&
-        (r.state == nullptr ||
-         !static_cast<const torch::optim::SGDParamState*>(r.state)->momentum_buffer().defined())) {
+    if (makes_momentum_buffer(opt, plan, r)) {
       return true;
     }
   }
@@ -426,6 +431,36 @@ void refuse_host_count_under_capture(const StepCache::Plan& plan,
   }
 }
 
+// State made during a CUDA graph capture is made by the graph: its fill
+// (zeros for Adam's moments, the step count on the device, a master
+// weight's copy) is recorded and runs again at every replay, which would
+// start the state over each time; a new SGD momentum buffer also reads the
+// flag back, which capture refuses. A step that would make any is refused
+// before anything changes, naming the parameter. `makes` says what a CUDA
+// parameter's step would make besides its master weight (null: nothing).
+template <class Makes>
+void refuse_new_state_under_capture(const StepCache::Plan& plan, const Makes& makes) {
+  if (!compat::kCanCapture) {
+    return;
+  }
+  for (const ReadyParam& r : plan.ready) {
+    const CachedParam& c = plan.params[r.index];
+    if (!c.param.is_cuda()) {
+      continue;
+    }
+    const char* what = c.master && r.master_data == nullptr ? "its master weight" : makes(r, c);
+    if (what == nullptr) {
+      continue;
+    }
+    TORCH_CHECK(!compat::capturing(c.param.device()), "torchamp::optim: param_groups[", c.group,
+                "].params[", c.index, "] would get ", what,
+                " while a CUDA graph is being captured: the graph would make it again at every "
+                "replay. Run an eager step before capturing (the warm-up capture needs anyway; "
+                "after load() too). Nothing was changed.");
+    return;  // one query: the step's parameters share the capture
+  }
+}
+
 // After a step that rounded: the count moves on by one, or under a device
 // flag by one where the flag is clear (the count stays on the device).
 void count_rounded_update(StochasticRounding& rounding, const StepFlags& flags) {
@@ -478,6 +513,16 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
   StepCache::Plan& plan = ready_plan<State>(opt, f.cache, masters, f.rules(), adam_tensors<State>);
   StepFlags flags = read_flags(opt, args, f.aten_on_cpu);
   refuse_host_count_under_capture(plan, rounding, flags);
+  refuse_new_state_under_capture(
+      plan, [&](const ReadyParam& r, const CachedParam& c) -> const char* {
+        if (r.state == nullptr) {
+          return "its Adam state";
+        }
+        const auto step = f.device_steps.find(c.param.unsafeGetTensorImpl());
+        return step == f.device_steps.end() || step->second.state != r.state
+                   ? "its step count on the device"
+                   : nullptr;
+      });
   if (flags.found_on_device.defined() && any_cpu_job(plan, f.aten_on_cpu)) {
     read_for_cpu_jobs(flags);
   }
@@ -611,6 +656,9 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
       ready_plan<torch::optim::SGDParamState>(opt, f.cache, masters, f.rules(), sgd_tensors);
   StepFlags flags = read_flags(opt, args, f.aten_on_cpu);
   refuse_host_count_under_capture(plan, rounding, flags);
+  refuse_new_state_under_capture(plan, [&](const ReadyParam& r, const CachedParam&) {
+    return makes_momentum_buffer(opt, plan, r) ? "its momentum buffer" : nullptr;
+  });
   if (flags.found_on_device.defined() &&
       (any_cpu_job(plan, f.aten_on_cpu) || new_momentum_buffers(opt, plan))) {
     // A new momentum buffer takes the first direction only if the step is

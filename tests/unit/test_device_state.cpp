@@ -1089,6 +1089,41 @@ TEST(DeviceStateCuda, CaptureRefusesWhatItCannotReplay) {
   EXPECT_TRUE(bf16.detach().equal(bf16_before));
   const auto key = torchamp::compat::optim_state_key(rounding.state(), bf16);
   EXPECT_EQ(static_cast<const torch::optim::AdamWParamState&>(*rounding.state().at(key)).step(), 1);
+  // State a step would make (its fill would run again at every replay): no
+  // eager step first, or none since load().
+  auto refused = [&](torch::optim::Optimizer& o, const at::Tensor& p, const std::string& what) {
+    const at::Tensor before = p.detach().clone();
+    const size_t states = o.state().size();
+    {
+      at::cuda::CUDAGraph graph;
+      graph.capture_begin();
+      torchamp_test::expect_throws<c10::Error>(
+          [&] { o.step(); },
+          "param_groups[0].params[0] would get " + what + " while a CUDA graph is being captured");
+      graph.capture_end();
+    }
+    torch::cuda::synchronize();
+    EXPECT_TRUE(p.detach().equal(before)) << what;
+    EXPECT_EQ(o.state().size(), states) << what;
+  };
+  auto param = [](at::ScalarType dtype) {
+    auto p = torch::ones({8}, torch::dtype(dtype).device(torch::kCUDA));
+    p.mutable_grad() = torch::full({8}, 0.5, p.options());
+    return p;
+  };
+  const at::Tensor a = param(at::kFloat), m = param(at::kBFloat16), s = param(at::kFloat);
+  torchamp::optim::AdamW fresh({a}, torch::optim::AdamWOptions(0.1));
+  refused(fresh, a, "its Adam state");
+  torchamp::optim::AdamW masters({m}, torch::optim::AdamWOptions(0.1),
+                                 torchamp::optim::FusedOptions().master_weights(true));
+  refused(masters, m, "its master weight");
+  torchamp::optim::SGD momentum({s}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  refused(momentum, s, "its momentum buffer");
+  fresh.step();  // eager: the state made
+  std::stringstream saved;
+  torch::save(fresh, saved);
+  torch::load(fresh, saved);
+  refused(fresh, a, "its step count on the device");
 }
 
 }  // namespace
