@@ -18,10 +18,11 @@ namespace torchamp_test {
 
 /// The parameter a master weight rounds to (the masters' rule, on the host):
 /// float16 to nearest even; bfloat16 to nearest, ties away from zero (the
-/// remainder scheme), where `to(kBFloat16)` would take the even one.
+/// remainder scheme), where `to(kBFloat16)` would take the even one. On the
+/// CPU, wherever the master is.
 inline at::Tensor master_rounded(const at::Tensor& master, at::ScalarType dtype) {
   if (dtype == at::kHalf) {
-    return master.to(at::kHalf);
+    return master.to(at::kHalf).cpu();
   }
   const at::Tensor m = master.to(at::kFloat).cpu().contiguous();
   at::Tensor out = at::empty(m.sizes(), at::kBFloat16);

@@ -110,7 +110,7 @@ class GPT(torch.nn.Module):
         self.ln_f = torch.nn.LayerNorm(d)
 
     def forward(self, idx):
-        pos = torch.arange(idx.size(1), dtype=torch.long)
+        pos = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             if self.checkpoint_layers and self.training:

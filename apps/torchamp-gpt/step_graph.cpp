@@ -31,10 +31,13 @@ struct StepGraph::Impl {
     guard.emplace(stream);
   }
   ~Impl() {
-    c10::Event done(c10::DeviceType::CUDA);  // and the stream before waits for the side stream
-    done.record(stream.unwrap());
     guard.reset();
-    done.block(before.unwrap());
+    try {  // (a destructor: a CUDA error here, as after a failed capture, must not escape)
+      c10::Event done(c10::DeviceType::CUDA);  // the stream before waits for the side stream
+      done.record(stream.unwrap());
+      done.block(before.unwrap());
+    } catch (...) {
+    }
   }
 };
 
@@ -48,7 +51,17 @@ void StepGraph::run(const std::function<void()>& body) {
   }
   if (!impl_->captured) {
     impl_->graph.capture_begin();
-    body();
+    try {
+      body();
+    } catch (...) {
+      // The capture ends with the step's own error (a refusal, or a sync
+      // that invalidated it), not with the error of ending it.
+      try {
+        impl_->graph.capture_end();
+      } catch (...) {
+      }
+      throw;
+    }
     impl_->graph.capture_end();
     impl_->captured = true;
   }

@@ -310,6 +310,16 @@ void DistributedDataParallel::pre_forward_() {
   // makes its own at the same forward, and its first backward reduces as
   // the first one did (one bucket, rebuilt after it).
   if (grad && d.hooks_lost()) {
+    for (size_t i = 0; i < d.params.size(); ++i) {  // the Reducer hooks each: it needs gradients
+      TORCH_CHECK(d.params[i].requires_grad(), "torchamp::DistributedDataParallel: parameter ",
+                  d.names[i], " (index ", i,
+                  ") was loaded or moved since this DDP was built and no longer requires a "
+                  "gradient, so it cannot be hooked again; build a new DistributedDataParallel "
+                  "over the module as it is now. Nothing was changed.");
+    }
+    // What the old Reducer would still raise (a reduction the previous
+    // iteration left unfinished), before it goes.
+    naming_unready(d.names, [&] { d.reducer->rebuild_buckets(); });
     d.make_reducer();
   }
   naming_unready(d.names, [&] {

@@ -435,28 +435,35 @@ void refuse_host_count_under_capture(const StepCache::Plan& plan,
 // (zeros for Adam's moments, the step count on the device, a master
 // weight's copy) is recorded and runs again at every replay, which would
 // start the state over each time; a new SGD momentum buffer also reads the
-// flag back, which capture refuses. A step that would make any is refused
-// before anything changes, naming the parameter. `makes` says what a CUDA
-// parameter's step would make besides its master weight (null: nothing).
+// flag back, which capture refuses; and a stochastic-rounding count made on
+// the device from the host's would start from that count at every replay.
+// A step that would make any is refused before anything changes, naming the
+// parameter. `makes` says what a CUDA parameter's step would make besides
+// those two (null: nothing).
 template <class Makes>
-void refuse_new_state_under_capture(const StepCache::Plan& plan, const Makes& makes) {
+void refuse_new_state_under_capture(const StepCache::Plan& plan, const StochasticRounding& rounding,
+                                    const StepFlags& flags, const Makes& makes) {
   if (!compat::kCanCapture) {
     return;
   }
+  const bool new_count = flags.found_on_device.defined() && !rounding.device_updates.defined();
   for (const ReadyParam& r : plan.ready) {
     const CachedParam& c = plan.params[r.index];
     if (!c.param.is_cuda()) {
       continue;
     }
-    const char* what = c.master && r.master_data == nullptr ? "its master weight" : makes(r, c);
+    const char* what = c.master && r.master_data == nullptr ? "its master weight"
+                       : c.stochastic && new_count ? "its stochastic-rounding count on the device"
+                                                   : makes(r, c);
     if (what == nullptr) {
       continue;
     }
     TORCH_CHECK(!compat::capturing(c.param.device()), "torchamp::optim: param_groups[", c.group,
                 "].params[", c.index, "] would get ", what,
                 " while a CUDA graph is being captured: the graph would make it again at every "
-                "replay. Run an eager step before capturing (the warm-up capture needs anyway; "
-                "after load() too). Nothing was changed.");
+                "replay. Run an eager step that is not skipped (an overflow skips it) through "
+                "the same scaler before capturing: the warm-up capture needs anyway, and again "
+                "after load(). Nothing was changed.");
     return;  // one query: the step's parameters share the capture
   }
 }
@@ -514,7 +521,7 @@ void adam_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const
   StepFlags flags = read_flags(opt, args, f.aten_on_cpu);
   refuse_host_count_under_capture(plan, rounding, flags);
   refuse_new_state_under_capture(
-      plan, [&](const ReadyParam& r, const CachedParam& c) -> const char* {
+      plan, rounding, flags, [&](const ReadyParam& r, const CachedParam& c) -> const char* {
         if (r.state == nullptr) {
           return "its Adam state";
         }
@@ -656,9 +663,10 @@ void sgd_fused(torch::optim::Optimizer& opt, detail::FusedState::Impl& f, const 
       ready_plan<torch::optim::SGDParamState>(opt, f.cache, masters, f.rules(), sgd_tensors);
   StepFlags flags = read_flags(opt, args, f.aten_on_cpu);
   refuse_host_count_under_capture(plan, rounding, flags);
-  refuse_new_state_under_capture(plan, [&](const ReadyParam& r, const CachedParam&) {
-    return makes_momentum_buffer(opt, plan, r) ? "its momentum buffer" : nullptr;
-  });
+  refuse_new_state_under_capture(
+      plan, rounding, flags, [&](const ReadyParam& r, const CachedParam&) {
+        return makes_momentum_buffer(opt, plan, r) ? "its momentum buffer" : nullptr;
+      });
   if (flags.found_on_device.defined() &&
       (any_cpu_job(plan, f.aten_on_cpu) || new_momentum_buffers(opt, plan))) {
     // A new momentum buffer takes the first direction only if the step is

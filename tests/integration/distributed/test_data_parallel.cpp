@@ -197,7 +197,9 @@ TEST(DataParallelReload, ParametersLoadedAfterConstructionAreStillReduced) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 3));
 
-// Bad arguments: typed errors that name the value; nothing changes.
+// Bad arguments: typed errors that name the value; nothing changes. Also a
+// parameter loaded after construction and then frozen (the Reducer cannot
+// hook it again): an error naming it, and the DDP trains once it is not.
 TEST(DataParallelErrors, BadArgumentsAreTypedErrorsThatChangeNothing) {
   const auto out = run_ranks("ddp-errors", 1)[0];
   const std::vector<std::string> expected = {
@@ -208,7 +210,12 @@ TEST(DataParallelErrors, BadArgumentsAreTypedErrorsThatChangeNothing) {
       "got -2.5",
       "no trainable parameter: Error DistributedDataParallel is not needed when a module doesn't "
       "have any parameter that requires a gradient.",
-      "unchanged 1"};
+      "unchanged 1",
+      "frozen after a load: Error torchamp::DistributedDataParallel: parameter 2.weight (index "
+      "2) was loaded or moved since this DDP was built and no longer requires a gradient, so it "
+      "cannot be hooked again; build a new DistributedDataParallel over the module as it is now. "
+      "Nothing was changed.",
+      "then trains 1"};
   EXPECT_EQ(out, expected);
 }
 

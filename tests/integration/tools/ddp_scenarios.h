@@ -292,6 +292,19 @@ inline int errors(const GroupFactory& make_group, std::ofstream& out) {
   attempt("no trainable parameter",
           [&] { torchamp::DistributedDataParallel(frozen.ptr(), group); });
   out << "unchanged " << model->parameters()[0].equal(before) << "\n";
+  // A parameter loaded since construction (its hook lost) and then frozen
+  // cannot be hooked again: an error naming it, the DDP as it was; unfrozen,
+  // the next forward hooks it.
+  torchamp::DistributedDataParallel ddp(model.ptr(), group);
+  std::stringstream saved;
+  torch::save(model, saved);
+  torch::load(model, saved);
+  model->parameters()[2].requires_grad_(false);
+  const auto x = torch::ones({2, 16});
+  attempt("frozen after a load", [&] { ddp.forward([&] { return model->forward(x); }); });
+  model->parameters()[2].requires_grad_(true);
+  torch::mse_loss(ddp.forward([&] { return model->forward(x); }), torch::zeros({2, 4})).backward();
+  out << "then trains " << model->parameters()[2].grad().defined() << "\n";
   return 0;
 }
 
