@@ -446,6 +446,14 @@ void refuse_new_state_under_capture(const StepCache::Plan& plan, const Stochasti
   if (!compat::kCanCapture) {
     return;
   }
+  // One query, and the walk only while capturing (the lookups are host time
+  // on every step otherwise): the step's parameters share the capture.
+  const auto cuda = std::find_if(plan.ready.begin(), plan.ready.end(), [&](const ReadyParam& r) {
+    return plan.params[r.index].param.is_cuda();
+  });
+  if (cuda == plan.ready.end() || !compat::capturing(plan.params[cuda->index].param.device())) {
+    return;
+  }
   const bool new_count = flags.found_on_device.defined() && !rounding.device_updates.defined();
   for (const ReadyParam& r : plan.ready) {
     const CachedParam& c = plan.params[r.index];
@@ -455,16 +463,12 @@ void refuse_new_state_under_capture(const StepCache::Plan& plan, const Stochasti
     const char* what = c.master && r.master_data == nullptr ? "its master weight"
                        : c.stochastic && new_count ? "its stochastic-rounding count on the device"
                                                    : makes(r, c);
-    if (what == nullptr) {
-      continue;
-    }
-    TORCH_CHECK(!compat::capturing(c.param.device()), "torchamp::optim: param_groups[", c.group,
-                "].params[", c.index, "] would get ", what,
+    TORCH_CHECK(what == nullptr, "torchamp::optim: param_groups[", c.group, "].params[", c.index,
+                "] would get ", what,
                 " while a CUDA graph is being captured: the graph would make it again at every "
                 "replay. Run an eager step that is not skipped (an overflow skips it) through "
                 "the same scaler before capturing: the warm-up capture needs anyway, and again "
                 "after load(). Nothing was changed.");
-    return;  // one query: the step's parameters share the capture
   }
 }
 
