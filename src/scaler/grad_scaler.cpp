@@ -282,7 +282,8 @@ bool GradScaler::unscale_on_device_(torch::optim::Optimizer& optimizer, Optimize
       break;
     }
   }
-  TORCH_INTERNAL_ASSERT(on_device_(device), "the scaler's state did not move to ", device);
+  const bool moved = on_device_(device);
+  TORCH_INTERNAL_ASSERT(moved, "the scaler's state did not move to ", device);
   check_capturable_(unscale ? "unscale_" : "step", false);
   const c10::Device home = device_->scale.device();
   // Python: inv_scale = scale.double().reciprocal().float()
