@@ -162,6 +162,16 @@ float inverse(float scale) {
   return static_cast<float>(1.0 / static_cast<double>(scale));
 }
 
+// The device of the first gradient off the CPU; none: all on the CPU.
+std::optional<c10::Device> first_off_cpu(const std::vector<detail::GradRef>& grads) {
+  for (const detail::GradRef& ref : grads) {
+    if (!ref.param.grad().device().is_cpu()) {
+      return ref.param.grad().device();
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 NonFiniteGradient GradScaler::named_(size_t group, size_t index, const at::Tensor& param) const {
@@ -231,11 +241,9 @@ bool GradScaler::unscale_grads_(torch::optim::Optimizer& optimizer, OptimizerSta
 
   const std::vector<detail::GradRef> grads =
       detail::checked_grads(optimizer, allow_fp16);  // throws before any change
-  for (const detail::GradRef& ref : grads) {
-    if (!ref.param.grad().device().is_cpu()) {
-      TORCH_INTERNAL_ASSERT(sum_squares == nullptr, "clip_grad_norm_ chose the host path");
-      return unscale_on_device_(optimizer, state, unscale);  // the scaler's state moves there
-    }
+  if (first_off_cpu(grads)) {
+    TORCH_INTERNAL_ASSERT(sum_squares == nullptr, "clip_grad_norm_ chose the host path");
+    return unscale_on_device_(optimizer, state, unscale);  // the scaler's state moves there
   }
   at::NoGradGuard no_grad;
   detail::Buckets buckets = detail::bucket_grads(grads);
@@ -275,13 +283,7 @@ bool GradScaler::unscale_on_device_(torch::optim::Optimizer& optimizer, Optimize
   }
   // The state's device: the first gradient's off the CPU (a host scaler
   // comes here for one), or the CPU with device_state.
-  c10::Device device = grads.front().param.grad().device();
-  for (const detail::GradRef& ref : grads) {
-    if (!ref.param.grad().device().is_cpu()) {
-      device = ref.param.grad().device();
-      break;
-    }
-  }
+  const c10::Device device = first_off_cpu(grads).value_or(grads.front().param.grad().device());
   const bool moved = on_device_(device);
   TORCH_INTERNAL_ASSERT(moved, "the scaler's state did not move to ", device);
   check_capturable_(unscale ? "unscale_" : "step", false);
