@@ -10,8 +10,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 namespace torch {
 namespace nn {
@@ -64,6 +66,13 @@ class DataParallel {
   std::shared_ptr<void> no_sync(bool local);
   /// `local` summed over the group.
   double sum(double local);
+  /// The DDP's buckets (DistributedDataParallel::bucket_indices()), for a
+  /// checkpoint; none on one process.
+  std::vector<std::vector<int64_t>> buckets() const;
+  /// A checkpoint's buckets, so a resumed run reduces as the uninterrupted
+  /// one (DistributedDataParallel::set_bucket_indices); nothing on one
+  /// process.
+  void set_buckets(const std::vector<std::vector<int64_t>>& buckets);
 
  private:
   struct Impl;

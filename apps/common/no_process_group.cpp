@@ -48,4 +48,10 @@ double DataParallel::sum(double local) {
   return local;
 }
 
+std::vector<std::vector<int64_t>> DataParallel::buckets() const {
+  return {};
+}
+
+void DataParallel::set_buckets(const std::vector<std::vector<int64_t>>& /*buckets*/) {}
+
 }  // namespace torchamp_apps

@@ -73,4 +73,29 @@ double DataParallel::sum(double local) {
   return v[0].item<double>();
 }
 
+std::vector<std::vector<int64_t>> DataParallel::buckets() const {
+  std::vector<std::vector<int64_t>> out;
+  if (impl_->ddp) {
+    for (const auto& b : impl_->ddp->bucket_indices()) {
+      out.emplace_back(b.begin(), b.end());
+    }
+  }
+  return out;
+}
+
+void DataParallel::set_buckets(const std::vector<std::vector<int64_t>>& buckets) {
+  if (!impl_->ddp) {
+    return;
+  }
+  std::vector<std::vector<size_t>> indices;
+  for (const auto& b : buckets) {
+    indices.emplace_back();
+    for (const int64_t i : b) {
+      TORCH_CHECK_VALUE(i >= 0, "a checkpoint's DDP bucket holds the index ", i);
+      indices.back().push_back(static_cast<size_t>(i));
+    }
+  }
+  impl_->ddp->set_bucket_indices(std::move(indices));
+}
+
 }  // namespace torchamp_apps

@@ -1,5 +1,6 @@
 #include "run_state.h"
 
+#include "launch.h"
 #include "support.h"
 
 #include <torchamp/grad_scaler.h>
@@ -104,6 +105,11 @@ RunState& RunState::scaler(torchamp::GradScaler& scaler) {
   return *this;
 }
 
+RunState& RunState::data_parallel(DataParallel& ddp) {
+  ddp_ = &ddp;
+  return *this;
+}
+
 std::string RunState::optimizer_bytes() const {
   torch::serialize::OutputArchive opt;
   optimizer_->save(opt);
@@ -142,6 +148,19 @@ void RunState::save(const std::string& path, const Position& position,
     torch::serialize::OutputArchive s;
     s << *scaler_;
     a.write("scaler", s);
+  }
+  // The buckets as their sizes and their indices, one after the other.
+  const auto buckets = ddp_ != nullptr ? ddp_->buckets() : std::vector<std::vector<int64_t>>{};
+  if (!buckets.empty()) {
+    c10::List<int64_t> sizes, indices;
+    for (const auto& b : buckets) {
+      sizes.push_back(static_cast<int64_t>(b.size()));
+      for (const int64_t i : b) {
+        indices.push_back(i);
+      }
+    }
+    a.write("data_parallel/bucket_sizes", c10::IValue(sizes));
+    a.write("data_parallel/bucket_indices", c10::IValue(indices));
   }
   save_atomically(a, path);
 }
@@ -190,6 +209,22 @@ Position RunState::load(const std::string& path) const {
     torch::serialize::InputArchive s;
     a.read("scaler", s);
     s >> *scaler_;
+  }
+  c10::IValue sizes, indices;  // absent: saved on one process
+  if (ddp_ != nullptr && a.try_read("data_parallel/bucket_sizes", sizes) &&
+      a.try_read("data_parallel/bucket_indices", indices)) {
+    const auto flat = indices.toIntVector();
+    std::vector<std::vector<int64_t>> buckets;
+    size_t at = 0;
+    for (const int64_t n : sizes.toIntVector()) {
+      if (n < 0 || at + static_cast<size_t>(n) > flat.size()) {
+        throw std::runtime_error(path + ": its DDP buckets do not add up");
+      }
+      buckets.emplace_back(flat.begin() + static_cast<std::ptrdiff_t>(at),
+                           flat.begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(n)));
+      at += static_cast<size_t>(n);
+    }
+    ddp_->set_buckets(buckets);
   }
   return p;
 }

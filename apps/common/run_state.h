@@ -33,6 +33,8 @@ class GradScaler;
 
 namespace torchamp_apps {
 
+class DataParallel;
+
 /// The files of every app's run folder.
 namespace run_files {
 inline constexpr const char* kOptions = "options.txt";  // the run's settings, key=value
@@ -105,6 +107,9 @@ class RunState {
   /// bytes (gathered by the caller), load() reads this rank's.
   RunState& optimizer_shard(torch::optim::Optimizer& optimizer, int rank);
   RunState& scaler(torchamp::GradScaler& scaler);
+  /// The DDP's buckets (a run on several processes): load() gives them back
+  /// to it, so the resumed run adds its gradients as the uninterrupted one.
+  RunState& data_parallel(DataParallel& ddp);
 
   /// This rank's optimizer, serialized (what a sharded save gathers).
   std::string optimizer_bytes() const;
@@ -125,6 +130,7 @@ class RunState {
   torch::optim::Optimizer* optimizer_ = nullptr;
   int shard_ = -1;  // >= 0: the optimizer is this rank's shard
   torchamp::GradScaler* scaler_ = nullptr;
+  DataParallel* ddp_ = nullptr;
 };
 
 /// A run folder's two logs: metrics.csv (a row per step) and summary.csv (a

@@ -113,8 +113,9 @@ struct Trainer {
                    .enabled(mode_.scaler)
                    .device_state(c_.device_step)) {}
 
-  // Data-parallel from here on (after a resume's load, which then costs no
-  // second Reducer; one built before would make a new one at the next forward).
+  // Data-parallel from here on. Before a resume's load, which gives the DDP
+  // the checkpoint's buckets (the DDP hooks the loaded parameters at its
+  // first forward).
   void distribute() {
     // Summed, not averaged: each rank's loss is already weighted by its
     // share (micro_step), so a rank's float16 activation gradients are the
@@ -238,7 +239,7 @@ struct Trainer {
   // What a checkpoint holds, for both its save and its load.
   torchamp_apps::RunState state() {
     torchamp_apps::RunState s;
-    s.model(*model).optimizer(opt).scaler(scaler);
+    s.model(*model).optimizer(opt).scaler(scaler).data_parallel(ddp);
     return s;
   }
 };
@@ -411,8 +412,8 @@ ModeResult train_mode(const Corpus& corpus, const Config& c, int64_t mode_index,
   torchamp_apps::reset_peak_rss();
   const double start_rss = torchamp_apps::rss_mb();
   Trainer t(corpus, c, mode, rt);
-  const int64_t start = t.state().resume(resume, mode_index);
   t.distribute();
+  const int64_t start = t.state().resume(resume, mode_index);
   StepGraph graph(mode.graph);  // (a side stream from here while it captures)
   double scale = mode.scaler ? t.scaler.get_scale() : 1.0;
   ModeResult r;

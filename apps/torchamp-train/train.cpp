@@ -402,6 +402,7 @@ class ModeRun {
     if (mode_.scaler) {
       state_.scaler(*scaler_);
     }
+    state_.data_parallel(ddp_);
     x_train_ = train.x.to(device_);
     y_train_ = train.y.to(device_);
     x_test_ = test.x.to(device_);
@@ -414,9 +415,10 @@ class ModeRun {
     earlier_seconds_ = wall_seconds_;
   }
 
-  // Data-parallel: the gradients are summed over the ranks during backward
-  // (after a resume too: the ranks have loaded the same checkpoint, and
-  // construction takes rank 0's parameters anyway).
+  // Data-parallel: the gradients are summed over the ranks during backward.
+  // Before a resume's load, which gives the DDP the checkpoint's buckets
+  // (every rank loads the same checkpoint; the DDP hooks the loaded
+  // parameters at its first forward).
   void distribute() {
     if (parallel_.distributed() && !sharded_) {
       ddp_ = torchamp_apps::DataParallel(net_, parallel_.group());
@@ -663,8 +665,8 @@ ModeResult train_mode(int64_t mode_index, const Dataset& train, const Dataset& t
                       const Config& config, const Hooks& hooks, const std::string& resume_from,
                       const Parallel& parallel) {
   ModeRun run(mode_index, train, test, config, hooks, parallel);
-  run.resume(resume_from);
   run.distribute();
+  run.resume(resume_from);
   run.run();
   return run.finish();
 }

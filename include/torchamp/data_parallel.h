@@ -208,6 +208,16 @@ class DistributedDataParallel {
   /// The buckets as indices into `parameters()`, in the order they are
   /// reduced (Python: the parameters of `ddp.reducer._get_zeros_like_grad_buckets()`).
   std::vector<std::vector<size_t>> bucket_indices() const;
+  /// Reduces in these buckets from the next forward on: what
+  /// `bucket_indices()` returned in the run a checkpoint was saved from, so
+  /// that the resumed run adds every gradient in the order the uninterrupted
+  /// one does (on more than two ranks a sum's last bits depend on it; a new
+  /// DDP's first iteration otherwise reduces in one bucket). Every rank
+  /// alike, between iterations. No Python equivalent. Throws
+  /// `c10::ValueError` naming the index or bucket where the buckets are not
+  /// each parameter once, or a bucket is empty, mixes dtypes or devices, or
+  /// shares a sparse parameter; nothing changed.
+  void set_bucket_indices(std::vector<std::vector<size_t>> buckets);
 
  private:
   void pre_forward_();

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unordered_set>
@@ -190,17 +191,24 @@ struct DistributedDataParallel::Impl {
   std::vector<const torch::autograd::Node*> hooked;
   bool require_backward_grad_sync = true;
   bool require_forward_param_sync = true;
+  // set_bucket_indices' layout, for the Reducer the next forward makes.
+  std::optional<std::vector<std::vector<size_t>>> next_buckets;
 
-  void make_reducer();
+  void make_reducer(std::optional<std::vector<std::vector<size_t>>> layout = std::nullopt);
   bool hooks_lost() const;
+  std::vector<std::vector<size_t>> current_buckets() const;
 };
 
 // Python's _BucketCapacityConfig and _ddp_init_helper: without
 // find_unused_parameters, one bucket for the first iteration, rebuilt from
 // the order gradients arrived in; buckets reversed (reduced last first).
 // Makes the Reducer of `d`'s parameters, with its all-reduce, and what it
-// hooked; changes nothing where it throws.
-void DistributedDataParallel::Impl::make_reducer() {
+// hooked; changes nothing where it throws. `layout`: these buckets instead
+// (checked by check_layout), for its first iteration; without
+// find_unused_parameters it rebuilds after it as ever, from the order the
+// gradients come in, which is the order that made such a layout.
+void DistributedDataParallel::Impl::make_reducer(
+    std::optional<std::vector<std::vector<size_t>>> layout) {
   Impl& d = *this;
   const auto cap_mb = d.options.bucket_cap_mb();
   const int64_t bucket_bytes =
@@ -218,6 +226,10 @@ void DistributedDataParallel::Impl::make_reducer() {
       c10d::compute_bucket_assignment_by_size(d.params, limits, d.sparse);
   std::reverse(buckets.begin(), buckets.end());
   std::reverse(bucket_limits.begin(), bucket_limits.end());
+  if (layout) {  // (the limits are the Reducer's logging only)
+    bucket_limits.assign(layout->size(), static_cast<size_t>(bucket_bytes));
+    buckets = std::move(*layout);
+  }
   std::unordered_map<size_t, std::string> names;
   for (size_t i = 0; i < d.names.size(); ++i) {
     names[i] = d.names[i];
@@ -253,6 +265,21 @@ bool DistributedDataParallel::Impl::hooks_lost() const {
     }
   }
   return false;
+}
+
+std::vector<std::vector<size_t>> DistributedDataParallel::Impl::current_buckets() const {
+  std::unordered_map<const c10::TensorImpl*, size_t> index;
+  for (size_t i = 0; i < params.size(); ++i) {
+    index[params[i].unsafeGetTensorImpl()] = i;
+  }
+  std::vector<std::vector<size_t>> out;
+  for (const auto& bucket : reducer->get_grad_buckets(/*return_zero_tensors=*/true)) {
+    out.emplace_back();
+    for (const auto& p : bucket.getParameters()) {
+      out.back().push_back(index.at(p.unsafeGetTensorImpl()));
+    }
+  }
+  return out;
 }
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
@@ -306,10 +333,11 @@ void DistributedDataParallel::pre_forward_() {
   Impl& d = *impl_;
   const bool grad = at::GradMode::is_enabled();
   // Parameters loaded (or moved) since the Reducer was made: a new one hooks
-  // their new accumulators. Local: every rank loads alike, so every rank
-  // makes its own at the same forward, and its first backward reduces as
-  // the first one did (one bucket, rebuilt after it).
-  if (grad && d.hooks_lost()) {
+  // their new accumulators, over the buckets the old one had (or those
+  // set_bucket_indices gave), so each gradient is added in the same place
+  // of the same all-reduce as before. Local: every rank loads alike, so
+  // every rank makes its own at the same forward.
+  if (grad && (d.hooks_lost() || d.next_buckets)) {
     for (size_t i = 0; i < d.params.size(); ++i) {  // the Reducer hooks each: it needs gradients
       TORCH_CHECK(d.params[i].requires_grad(), "torchamp::DistributedDataParallel: parameter ",
                   d.names[i], " (index ", i,
@@ -320,7 +348,8 @@ void DistributedDataParallel::pre_forward_() {
     // What the old Reducer would still raise (a reduction the previous
     // iteration left unfinished), before it goes.
     naming_unready(d.names, [&] { d.reducer->rebuild_buckets(); });
-    d.make_reducer();
+    d.make_reducer(d.next_buckets ? *d.next_buckets : d.current_buckets());
+    d.next_buckets.reset();
   }
   naming_unready(d.names, [&] {
     if (grad && d.require_backward_grad_sync) {
@@ -393,18 +422,41 @@ const std::vector<at::Tensor>& DistributedDataParallel::parameters() const {
 }
 
 std::vector<std::vector<size_t>> DistributedDataParallel::bucket_indices() const {
-  std::unordered_map<const c10::TensorImpl*, size_t> index;
-  for (size_t i = 0; i < impl_->params.size(); ++i) {
-    index[impl_->params[i].unsafeGetTensorImpl()] = i;
-  }
-  std::vector<std::vector<size_t>> out;
-  for (const auto& bucket : impl_->reducer->get_grad_buckets(/*return_zero_tensors=*/true)) {
-    out.emplace_back();
-    for (const auto& p : bucket.getParameters()) {
-      out.back().push_back(index.at(p.unsafeGetTensorImpl()));
+  return impl_->next_buckets ? *impl_->next_buckets : impl_->current_buckets();
+}
+
+void DistributedDataParallel::set_bucket_indices(std::vector<std::vector<size_t>> buckets) {
+  const Impl& d = *impl_;
+  const size_t n = d.params.size();
+  std::vector<int64_t> bucket_of(n, -1);
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    TORCH_CHECK_VALUE(!buckets[b].empty(), "DistributedDataParallel::set_bucket_indices: bucket ",
+                      b, " is empty");
+    for (const size_t i : buckets[b]) {
+      TORCH_CHECK_VALUE(i < n, "DistributedDataParallel::set_bucket_indices: bucket ", b,
+                        " holds index ", i, ", but there are ", n,
+                        " parameters (indices into parameters())");
+      TORCH_CHECK_VALUE(bucket_of[i] < 0, "DistributedDataParallel::set_bucket_indices: index ", i,
+                        " (", d.names[i], ") is in bucket ", bucket_of[i], " and in bucket ", b);
+      bucket_of[i] = static_cast<int64_t>(b);
+      const at::Tensor& first = d.params[buckets[b].front()];
+      TORCH_CHECK_VALUE(!d.sparse[i] || buckets[b].size() == 1,
+                        "DistributedDataParallel::set_bucket_indices: index ", i, " (", d.names[i],
+                        ") makes sparse gradients and needs a bucket of its own; bucket ", b,
+                        " holds ", buckets[b].size(), " parameters");
+      TORCH_CHECK_VALUE(
+          d.params[i].dtype() == first.dtype() && d.params[i].device() == first.device(),
+          "DistributedDataParallel::set_bucket_indices: bucket ", b, " mixes ", d.names[i], " (",
+          d.params[i].dtype(), " on ", d.params[i].device(), ") with ", d.names[buckets[b].front()],
+          " (", first.dtype(), " on ", first.device(), ")");
     }
   }
-  return out;
+  for (size_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(bucket_of[i] >= 0, "DistributedDataParallel::set_bucket_indices: index ", i,
+                      " (", d.names[i], ") is in no bucket; every one of the ", n,
+                      " parameters() must be in one");
+  }
+  impl_->next_buckets = std::move(buckets);
 }
 
 }  // namespace torchamp

@@ -185,14 +185,36 @@ TEST(DataParallelCheckpoint, CheckpointedSegmentsTrainToTheSameParameters) {
 // new ones at the next forward, so training goes on reduced, to the bits of
 // the run that never reloaded, on every rank (before, each rank went on with
 // its own gradients, silently), with and without find_unused_parameters
-// (whose graph search looks for the new accumulators).
+// (whose graph search looks for the new accumulators). The new Reducer keeps
+// the old one's buckets, so on 3 ranks too the sums are added as before.
 TEST(DataParallelReload, ParametersLoadedAfterConstructionAreStillReduced) {
-  const auto plain = agreed("ddp-train", 2);
-  const auto reloaded = agreed("ddp-train-reload", 2);
-  ASSERT_FALSE(params(plain).empty());
-  EXPECT_EQ(starting(reloaded, "param "), starting(plain, "param "));
-  EXPECT_EQ(starting(reloaded, "bucket"), starting(plain, "bucket"));  // rebuilt again alike
-  EXPECT_EQ(starting(agreed("ddp-train-reload-unused", 2), "param "), starting(plain, "param "));
+  for (const int world : {2, 3}) {
+    const auto plain = agreed("ddp-train", world);
+    const auto reloaded = agreed("ddp-train-reload", world);
+    ASSERT_FALSE(params(plain).empty());
+    EXPECT_EQ(starting(reloaded, "param "), starting(plain, "param ")) << world << " ranks";
+    EXPECT_EQ(starting(reloaded, "bucket"), starting(plain, "bucket"));  // rebuilt again alike
+  }
+  EXPECT_EQ(starting(agreed("ddp-train-reload-unused", 2), "param "),
+            starting(agreed("ddp-train", 2), "param "));
+}
+
+// A restarted run: model and optimizer loaded into new objects under a new
+// DDP, whose first iteration would reduce in one bucket where the
+// uninterrupted run has rebuilt its buckets. With the saved bucket_indices()
+// set, the resumed run ends on the uninterrupted run's bits on 3 ranks too.
+// (A 3-rank sum's last bits depend on the layout, so without them the
+// resumed run differs: the test checks it still does, else it would prove
+// nothing.)
+TEST(DataParallelResume, SavedBucketsMakeAResumedRunTheUninterruptedOne) {
+  for (const int world : {2, 3}) {
+    const auto plain = starting(agreed("ddp-train", world), "param ");
+    ASSERT_FALSE(plain.empty());
+    EXPECT_EQ(starting(agreed("ddp-train-resume", world), "param "), plain) << world << " ranks";
+    if (world == 3) {
+      EXPECT_NE(starting(agreed("ddp-train-resume-fresh", world), "param "), plain);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 3));
@@ -215,7 +237,18 @@ TEST(DataParallelErrors, BadArgumentsAreTypedErrorsThatChangeNothing) {
       "2) was loaded or moved since this DDP was built and no longer requires a gradient, so it "
       "cannot be hooked again; build a new DistributedDataParallel over the module as it is now. "
       "Nothing was changed.",
-      "then trains 1"};
+      "then trains 1",
+      "index 6: ValueError DistributedDataParallel::set_bucket_indices: bucket 1 holds index 6, "
+      "but there are 6 parameters (indices into parameters())",
+      "twice: ValueError DistributedDataParallel::set_bucket_indices: index 2 (2.weight) is in "
+      "bucket 0 and in bucket 1",
+      "missing: ValueError DistributedDataParallel::set_bucket_indices: index 0 (0.weight) is in "
+      "no bucket; every one of the 6 parameters() must be in one",
+      "empty: ValueError DistributedDataParallel::set_bucket_indices: bucket 1 is empty",
+      "mixed: ValueError DistributedDataParallel::set_bucket_indices: bucket 0 mixes 0.bias "
+      "(float on cpu) with 1.bias (double on cpu)",
+      "buckets unchanged 1",
+      "then reduces in 2 buckets"};
   EXPECT_EQ(out, expected);
 }
 

@@ -29,6 +29,10 @@
 //   ddp-train-reload, ddp-train-reload-unused  ddp-train with the model saved
 //            and loaded back (torch::save, torch::load) after step 1; -unused
 //            with find_unused_parameters
+//   ddp-train-resume, ddp-train-resume-fresh  ddp-train stopped after step 1
+//            and resumed as a restarted process would: a new model,
+//            optimizer and DDP loaded from what was saved; -resume also with
+//            the saved bucket_indices() (set_bucket_indices), -fresh without
 //   ddp-errors                  bad arguments (1 rank)
 //   ddp-exit                    rank 1 exits in the middle of backward
 // Every line of the output file is one observation; the test compares them.
@@ -178,6 +182,46 @@ inline int train(bool local, bool view, bool ckpt, bool find_unused, bool reload
   return 0;
 }
 
+// ddp-train-resume(-fresh): ddp-train's steps 0 and 1, the model, optimizer
+// and buckets saved; then everything made anew (a restarted process), loaded,
+// and steps 2 to 4.
+inline int train_resumed(bool buckets, int rank, int world, const GroupFactory& make_group,
+                         std::ofstream& out) {
+  const auto options = torchamp::DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024);
+  std::stringstream model_bytes, opt_bytes;
+  std::vector<std::vector<size_t>> saved;
+  auto steps = [&](torch::nn::Sequential& model, torch::optim::SGD& opt,
+                   torchamp::DistributedDataParallel& ddp, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      const auto [x, y] = batch(step, rank, world);
+      grads_to_none(*model);
+      torch::mse_loss(ddp.forward([&, x = x] { return model->forward(x); }), y).backward();
+      opt.step();
+    }
+  };
+  auto group = make_group();
+  {
+    auto model = make_model();
+    auto opt = make_sgd(model);
+    torchamp::DistributedDataParallel ddp(model.ptr(), group, options);
+    steps(model, *opt, ddp, 0, 2);
+    torch::save(model, model_bytes);
+    torch::save(*opt, opt_bytes);
+    saved = ddp.bucket_indices();
+  }
+  auto model = make_model();
+  auto opt = make_sgd(model);
+  torch::load(model, model_bytes);
+  torch::load(*opt, opt_bytes);
+  torchamp::DistributedDataParallel ddp(model.ptr(), group, options);
+  if (buckets) {
+    ddp.set_bucket_indices(saved);
+  }
+  steps(model, *opt, ddp, 2, 5);
+  print_params(*model, out);
+  return 0;
+}
+
 // ddp-no-sync, ddp-no-sync-local: gradients of three micro-batches summed.
 inline int no_sync(bool local, bool ckpt, int rank, int world, const GroupFactory& make_group,
                    std::ofstream& out) {
@@ -305,6 +349,21 @@ inline int errors(const GroupFactory& make_group, std::ofstream& out) {
   model->parameters()[2].requires_grad_(true);
   torch::mse_loss(ddp.forward([&] { return model->forward(x); }), torch::zeros({2, 4})).backward();
   out << "then trains " << model->parameters()[2].grad().defined() << "\n";
+  // set_bucket_indices: each of the 6 parameters once, a bucket one dtype.
+  const auto layout = ddp.bucket_indices();
+  using Buckets = std::vector<std::vector<size_t>>;
+  attempt("index 6", [&] { ddp.set_bucket_indices(Buckets{{5, 4, 3, 2}, {1, 0, 6}}); });
+  attempt("twice", [&] { ddp.set_bucket_indices(Buckets{{5, 4, 3, 2}, {2, 1, 0}}); });
+  attempt("missing", [&] { ddp.set_bucket_indices(Buckets{{5, 4, 3, 2}, {1}}); });
+  attempt("empty", [&] { ddp.set_bucket_indices(Buckets{{5, 4, 3, 2, 1, 0}, {}}); });
+  torch::nn::Sequential mixed(torch::nn::Linear(2, 2), torch::nn::Linear(2, 2));
+  mixed[1]->to(torch::kDouble);
+  torchamp::DistributedDataParallel mixed_ddp(mixed.ptr(), group);
+  attempt("mixed", [&] { mixed_ddp.set_bucket_indices(Buckets{{3, 2, 1, 0}}); });
+  out << "buckets unchanged " << (ddp.bucket_indices() == layout) << "\n";
+  ddp.set_bucket_indices(Buckets{{0, 2, 4}, {5, 3, 1}});
+  torch::mse_loss(ddp.forward([&] { return model->forward(x); }), torch::zeros({2, 4})).backward();
+  out << "then reduces in " << ddp.bucket_indices().size() << " buckets\n";
   return 0;
 }
 
@@ -429,6 +488,9 @@ inline int run(const std::string& scenario, int rank, int world, const GroupFact
     return train(scenario == "ddp-local", scenario == "ddp-train-view",
                  scenario.rfind("ddp-train-checkpoint", 0) == 0, unused,
                  scenario.rfind("ddp-train-reload", 0) == 0, rank, world, make_group, out);
+  }
+  if (scenario == "ddp-train-resume" || scenario == "ddp-train-resume-fresh") {
+    return train_resumed(scenario == "ddp-train-resume", rank, world, make_group, out);
   }
   if (scenario == "ddp-no-sync" || scenario == "ddp-no-sync-local" ||
       scenario == "ddp-no-sync-checkpoint") {
