@@ -200,6 +200,70 @@ torchamp_status torchamp_ddp_set_sync(torchamp_ddp* ddp, int32_t sync) {
   });
 }
 
+torchamp_status torchamp_ddp_bucket_indices(torchamp_ddp* ddp, int64_t* sizes, size_t* bucket_count,
+                                            int64_t* indices, size_t index_capacity) {
+  return guarded([&] {
+    require_distributed("torchamp_ddp_bucket_indices");
+    auto& d = need(ddp, "torchamp_ddp_bucket_indices", "ddp");
+    size_t& count = need(bucket_count, "torchamp_ddp_bucket_indices", "bucket_count");
+#if TORCHAMP_WITH_DISTRIBUTED
+    const auto buckets = d.ddp.bucket_indices();
+    if (sizes == nullptr) {
+      count = buckets.size();
+      return;
+    }
+    const size_t params = d.ddp.parameters().size();
+    TORCH_CHECK_VALUE(count >= buckets.size(), "torchamp_ddp_bucket_indices: there are ",
+                      buckets.size(), " buckets, and *bucket_count gives room for ", count);
+    TORCH_CHECK_TYPE(indices != nullptr, "torchamp_ddp_bucket_indices: indices is NULL");
+    TORCH_CHECK_VALUE(index_capacity >= params, "torchamp_ddp_bucket_indices: there are ", params,
+                      " parameters, and indices has room for ", index_capacity);
+    size_t at = 0;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      sizes[b] = static_cast<int64_t>(buckets[b].size());
+      for (const size_t i : buckets[b]) {
+        indices[at++] = static_cast<int64_t>(i);
+      }
+    }
+    count = buckets.size();
+#else
+    (void)d, (void)count, (void)sizes, (void)indices, (void)index_capacity;
+#endif
+  });
+}
+
+torchamp_status torchamp_ddp_set_bucket_indices(torchamp_ddp* ddp, const int64_t* sizes,
+                                                size_t bucket_count, const int64_t* indices,
+                                                size_t index_count) {
+  return guarded([&] {
+    require_distributed("torchamp_ddp_set_bucket_indices");
+    auto& d = need(ddp, "torchamp_ddp_set_bucket_indices", "ddp");
+    TORCH_CHECK_TYPE(bucket_count == 0 || sizes != nullptr,
+                     "torchamp_ddp_set_bucket_indices: sizes is NULL");
+    TORCH_CHECK_TYPE(index_count == 0 || indices != nullptr,
+                     "torchamp_ddp_set_bucket_indices: indices is NULL");
+    std::vector<std::vector<size_t>> buckets(bucket_count);
+    size_t at = 0;
+    for (size_t b = 0; b < bucket_count; ++b) {
+      TORCH_CHECK_VALUE(sizes[b] >= 0 && static_cast<size_t>(sizes[b]) <= index_count - at,
+                        "torchamp_ddp_set_bucket_indices: sizes[", b, "] is ", sizes[b], ", but ",
+                        index_count - at, " of the ", index_count, " indices are left");
+      for (int64_t k = 0; k < sizes[b]; ++k, ++at) {
+        TORCH_CHECK_VALUE(indices[at] >= 0, "torchamp_ddp_set_bucket_indices: indices[", at,
+                          "] is ", indices[at]);
+        buckets[b].push_back(static_cast<size_t>(indices[at]));
+      }
+    }
+    TORCH_CHECK_VALUE(at == index_count, "torchamp_ddp_set_bucket_indices: the sizes add up to ",
+                      at, ", but index_count is ", index_count);
+#if TORCHAMP_WITH_DISTRIBUTED
+    d.ddp.set_bucket_indices(std::move(buckets));
+#else
+    (void)d;
+#endif
+  });
+}
+
 void torchamp_ddp_free(torchamp_ddp* ddp) {
   delete ddp;
 }

@@ -436,8 +436,10 @@ void DistributedDataParallel::set_bucket_indices(std::vector<std::vector<size_t>
       TORCH_CHECK_VALUE(i < n, "DistributedDataParallel::set_bucket_indices: bucket ", b,
                         " holds index ", i, ", but there are ", n,
                         " parameters (indices into parameters())");
+      const bool again = bucket_of[i] == static_cast<int64_t>(b);
       TORCH_CHECK_VALUE(bucket_of[i] < 0, "DistributedDataParallel::set_bucket_indices: index ", i,
-                        " (", d.names[i], ") is in bucket ", bucket_of[i], " and in bucket ", b);
+                        " (", d.names[i], ") is in bucket ", bucket_of[i],
+                        again ? " twice" : " and in bucket ", again ? "" : std::to_string(b));
       bucket_of[i] = static_cast<int64_t>(b);
       const at::Tensor& first = d.params[buckets[b].front()];
       TORCH_CHECK_VALUE(!d.sparse[i] || buckets[b].size() == 1,

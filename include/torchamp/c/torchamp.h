@@ -297,6 +297,27 @@ TORCHAMP_C_API torchamp_status torchamp_ddp_prepare_backward(torchamp_ddp* ddp,
  * there; with sync 1 (the default) the next one reduces the sum. Any other
  * value: TORCHAMP_VALUE_ERROR, and nothing changes. */
 TORCHAMP_C_API torchamp_status torchamp_ddp_set_sync(torchamp_ddp* ddp, int32_t sync);
+/* The buckets (DistributedDataParallel::bucket_indices()), for a checkpoint:
+ * bucket b holds sizes[b] parameters, and indices lists each bucket's
+ * parameters (positions in torchamp_ddp_new's params) in turn, every one
+ * once. *bucket_count: in, the room in sizes; out, the number of buckets.
+ * With sizes NULL only *bucket_count is set. index_capacity: the room in
+ * indices, at least the parameter count. Too little room:
+ * TORCHAMP_VALUE_ERROR, nothing written. */
+TORCHAMP_C_API torchamp_status torchamp_ddp_bucket_indices(torchamp_ddp* ddp, int64_t* sizes,
+                                                           size_t* bucket_count, int64_t* indices,
+                                                           size_t index_capacity);
+/* DistributedDataParallel::set_bucket_indices: a checkpoint's buckets, as
+ * torchamp_ddp_bucket_indices gave them, so that a resumed run adds its
+ * gradients in the uninterrupted run's order (on 3 or more ranks the bits
+ * depend on it). Every rank alike, between iterations. Buckets that are not
+ * each parameter once, or sizes that do not add up to index_count:
+ * TORCHAMP_VALUE_ERROR naming the value, nothing changed. */
+TORCHAMP_C_API torchamp_status torchamp_ddp_set_bucket_indices(torchamp_ddp* ddp,
+                                                               const int64_t* sizes,
+                                                               size_t bucket_count,
+                                                               const int64_t* indices,
+                                                               size_t index_count);
 TORCHAMP_C_API void torchamp_ddp_free(torchamp_ddp* ddp);
 
 #ifdef __cplusplus

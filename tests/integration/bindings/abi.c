@@ -522,6 +522,55 @@ static int distributed_rank(const char* work) {
   }
   OK(torchamp_optimizer_zero_grad(optimizer, 0));
 
+  /* The buckets, for a checkpoint: one, b then w (reduced last first). Too
+   * little room writes nothing; they go back in; bad ones change nothing. */
+  {
+    int64_t sizes[4] = {-7, -7, -7, -7}, indices[2] = {-7, -7};
+    const int64_t split[2] = {1, 1}, three[1] = {3}, twice[2] = {1, 1};
+    size_t count = 0;
+    OK(torchamp_ddp_bucket_indices(ddp, NULL, &count, NULL, 0));
+    EXPECT(count == 1);
+    count = 0;
+    FAILS(torchamp_ddp_bucket_indices(ddp, sizes, &count, indices, 2), TORCHAMP_VALUE_ERROR,
+          "there are 1 buckets, and *bucket_count gives room for 0");
+    count = 4;
+    FAILS(torchamp_ddp_bucket_indices(ddp, sizes, &count, indices, 1), TORCHAMP_VALUE_ERROR,
+          "there are 2 parameters, and indices has room for 1");
+    EXPECT(count == 4 && sizes[0] == -7 && indices[0] == -7);
+    OK(torchamp_ddp_bucket_indices(ddp, sizes, &count, indices, 2));
+    EXPECT(count == 1 && sizes[0] == 2 && indices[0] == 1 && indices[1] == 0);
+    FAILS(torchamp_ddp_set_bucket_indices(ddp, three, 1, indices, 2), TORCHAMP_VALUE_ERROR,
+          "sizes[0] is 3, but 2 of the 2 indices are left");
+    FAILS(torchamp_ddp_set_bucket_indices(ddp, split, 1, indices, 2), TORCHAMP_VALUE_ERROR,
+          "the sizes add up to 1, but index_count is 2");
+    FAILS(torchamp_ddp_set_bucket_indices(ddp, sizes, 1, twice, 2), TORCHAMP_VALUE_ERROR,
+          "index 1 (1) is in bucket 0 twice");
+    FAILS(torchamp_ddp_set_bucket_indices(ddp, split, 2, NULL, 2), TORCHAMP_TYPE_ERROR,
+          "indices is NULL");
+    OK(torchamp_ddp_bucket_indices(ddp, sizes, &count, indices, 2));
+    EXPECT(count == 1 && sizes[0] == 2); /* unchanged */
+    /* Two buckets of one, from the next prepare_backward: reduced the same. */
+    OK(torchamp_ddp_set_bucket_indices(ddp, split, 2, indices, 2));
+    count = 4;
+    OK(torchamp_ddp_bucket_indices(ddp, sizes, &count, indices, 2));
+    EXPECT(count == 2 && sizes[0] == 1 && sizes[1] == 1 && indices[0] == 1 && indices[1] == 0);
+    out = shim_linear(x, w, b);
+    OK(torchamp_ddp_prepare_backward(ddp, &out, 1));
+    loss = shim_mse_loss(out, y);
+    shim_backward(loss);
+    for (int i = 0; i < 5; ++i) {
+      const float got = (float)shim_grad_item(i < 4 ? w : b, i < 4 ? i : 0);
+      if (got != local[i] / 2 + other[i] / 2) {
+        fprintf(stderr, "[rank %d] two buckets, gradient %d: %.9g, expected %.9g\n", rank, i, got,
+                local[i] / 2 + other[i] / 2);
+        ++failures;
+      }
+    }
+    shim_free(loss);
+    shim_free(out);
+    OK(torchamp_optimizer_zero_grad(optimizer, 0));
+  }
+
   /* found-inf agreement: rank 1's gradient is inf, and both ranks skip. */
   OK(torchamp_scaler_new(NULL, &scaler));
   OK(torchamp_scaler_set_process_group(scaler, group));
