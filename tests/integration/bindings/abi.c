@@ -414,6 +414,31 @@ static void test_optimizers(const char* work) {
   shim_free(p);
 }
 
+#if TORCHAMP_TEST_DISTRIBUTED
+/* A forward and backward under `ddp`; each of the 5 gradients (w's 4, then
+ * b's) must be k_local * local + k_other * other. */
+static void reduced_backward(torchamp_ddp* ddp, torchamp_tensor* x, torchamp_tensor* y,
+                             torchamp_tensor* w, torchamp_tensor* b, const float* local,
+                             const float* other, float k_local, float k_other, const char* what) {
+  torchamp_tensor* out = shim_linear(x, w, b);
+  torchamp_tensor* loss;
+  OK(torchamp_ddp_prepare_backward(ddp, &out, 1));
+  loss = shim_mse_loss(out, y);
+  shim_backward(loss);
+  for (int i = 0; i < 5; ++i) {
+    const float got = (float)shim_grad_item(i < 4 ? w : b, i < 4 ? i : 0);
+    const float expected = k_local * local[i] + k_other * other[i];
+    if (got != expected) {
+      fprintf(stderr, "[rank %d] %s, gradient %d: %.9g, expected %.9g\n", rank, what, i, got,
+              expected);
+      ++failures;
+    }
+  }
+  shim_free(loss);
+  shim_free(out);
+}
+#endif
+
 /* One rank of the distributed test. */
 static int distributed_rank(const char* work) {
 #if !TORCHAMP_TEST_DISTRIBUTED
@@ -504,21 +529,8 @@ static int distributed_rank(const char* work) {
   for (int sync = 0; sync <= 1; ++sync) {
     OK(torchamp_ddp_set_sync(ddp, sync));
     OK(torchamp_ddp_set_sync(ddp, sync)); /* again: nothing more */
-    out = shim_linear(x, w, b);
-    OK(torchamp_ddp_prepare_backward(ddp, &out, 1));
-    loss = shim_mse_loss(out, y);
-    shim_backward(loss);
-    for (int i = 0; i < 5; ++i) {
-      const float got = (float)shim_grad_item(i < 4 ? w : b, i < 4 ? i : 0);
-      const float expected = sync ? local[i] + other[i] : local[i];
-      if (got != expected) {
-        fprintf(stderr, "[rank %d] sync %d gradient %d: %.9g, expected %.9g\n", rank, sync, i, got,
-                expected);
-        ++failures;
-      }
-    }
-    shim_free(loss);
-    shim_free(out);
+    reduced_backward(ddp, x, y, w, b, local, other, 1.0f, sync ? 1.0f : 0.0f,
+                     sync ? "sync 1" : "sync 0");
   }
   OK(torchamp_optimizer_zero_grad(optimizer, 0));
 
@@ -554,20 +566,7 @@ static int distributed_rank(const char* work) {
     count = 4;
     OK(torchamp_ddp_bucket_indices(ddp, sizes, &count, indices, 2));
     EXPECT(count == 2 && sizes[0] == 1 && sizes[1] == 1 && indices[0] == 1 && indices[1] == 0);
-    out = shim_linear(x, w, b);
-    OK(torchamp_ddp_prepare_backward(ddp, &out, 1));
-    loss = shim_mse_loss(out, y);
-    shim_backward(loss);
-    for (int i = 0; i < 5; ++i) {
-      const float got = (float)shim_grad_item(i < 4 ? w : b, i < 4 ? i : 0);
-      if (got != local[i] / 2 + other[i] / 2) {
-        fprintf(stderr, "[rank %d] two buckets, gradient %d: %.9g, expected %.9g\n", rank, i, got,
-                local[i] / 2 + other[i] / 2);
-        ++failures;
-      }
-    }
-    shim_free(loss);
-    shim_free(out);
+    reduced_backward(ddp, x, y, w, b, local, other, 0.5f, 0.5f, "two buckets");
     OK(torchamp_optimizer_zero_grad(optimizer, 0));
   }
 
