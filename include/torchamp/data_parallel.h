@@ -206,7 +206,9 @@ class DistributedDataParallel {
   /// depth first, each once, those that require a gradient).
   const std::vector<at::Tensor>& parameters() const;
   /// The buckets as indices into `parameters()`, in the order they are
-  /// reduced (Python: the parameters of `ddp.reducer._get_zeros_like_grad_buckets()`).
+  /// reduced (Python: the parameters of `ddp.reducer._get_zeros_like_grad_buckets()`):
+  /// those the next backward reduces in, so after the first backward the
+  /// ones the next forward's rebuild will make (Python still shows the old).
   std::vector<std::vector<size_t>> bucket_indices() const;
   /// Reduces in these buckets from the next forward on: what
   /// `bucket_indices()` returned in the run a checkpoint was saved from, so
@@ -216,7 +218,8 @@ class DistributedDataParallel {
   /// alike, between iterations. No Python equivalent. Throws
   /// `c10::ValueError` naming the index or bucket where the buckets are not
   /// each parameter once, or a bucket is empty, mixes dtypes or devices, or
-  /// shares a sparse parameter; nothing changed.
+  /// shares a sparse parameter; nothing changed. The next forward throws
+  /// the same where a parameter's dtype or device has changed since.
   void set_bucket_indices(std::vector<std::vector<size_t>> buckets);
 
  private:

@@ -242,6 +242,9 @@ torchamp_status torchamp_ddp_set_bucket_indices(torchamp_ddp* ddp, const int64_t
                      "torchamp_ddp_set_bucket_indices: sizes is NULL");
     TORCH_CHECK_TYPE(index_count == 0 || indices != nullptr,
                      "torchamp_ddp_set_bucket_indices: indices is NULL");
+    TORCH_CHECK_VALUE(bucket_count <= index_count,
+                      "torchamp_ddp_set_bucket_indices: ", bucket_count, " buckets of ",
+                      index_count, " indices (a bucket holds one or more)");
     std::vector<std::vector<size_t>> buckets(bucket_count);
     size_t at = 0;
     for (size_t b = 0; b < bucket_count; ++b) {

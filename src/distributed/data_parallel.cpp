@@ -19,7 +19,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -178,6 +180,8 @@ void naming_unready(const std::vector<std::string>& names, const Step& step) {
 
 }  // namespace
 
+using Layout = std::vector<std::vector<size_t>>;
+
 struct DistributedDataParallel::Impl {
   std::shared_ptr<torch::nn::Module> module;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
@@ -192,28 +196,47 @@ struct DistributedDataParallel::Impl {
   bool require_backward_grad_sync = true;
   bool require_forward_param_sync = true;
   // set_bucket_indices' layout, for the Reducer the next forward makes.
-  std::optional<std::vector<std::vector<size_t>>> next_buckets;
+  std::optional<Layout> next_buckets;
+  // Whether the Reducer has rebuilt its buckets (it does once, without
+  // find_unused_parameters, at the forward after its first reduced backward).
+  bool rebuilt = false;
+  // Until then, the order that backward's gradients arrived in (parameter
+  // indices), recorded by tensor hooks: the rebuild's layout, known before
+  // the Reducer makes it, for a checkpoint saved in between.
+  std::vector<int64_t> arrival;
+  mutable std::mutex arrival_mutex;  // hooks may run on the engine's device threads
+  std::vector<unsigned> arrival_hooks;
 
-  void make_reducer(std::optional<std::vector<std::vector<size_t>>> layout = std::nullopt);
+  ~Impl() { stop_recording(); }
+  std::pair<int64_t, int64_t> bucket_caps() const;  // first bucket's, others'
+  void make_reducer(std::optional<Layout> layout = std::nullopt);
   bool hooks_lost() const;
-  std::vector<std::vector<size_t>> current_buckets() const;
+  Layout current_buckets() const;
+  std::optional<std::string> layout_error(const Layout& buckets) const;
+  void start_recording();
+  void stop_recording();
+  std::optional<Layout> predicted_rebuild() const;
 };
+
+// The first bucket's cap and the others' (bytes), as Python's DDP sets them.
+std::pair<int64_t, int64_t> DistributedDataParallel::Impl::bucket_caps() const {
+  const auto cap_mb = options.bucket_cap_mb();
+  const int64_t bucket_bytes =
+      static_cast<int64_t>(cap_mb.value_or(kDefaultBucketCapMb) * static_cast<double>(kMiB));
+  return {cap_mb ? bucket_bytes : kFirstBucketBytes, bucket_bytes};
+}
 
 // Python's _BucketCapacityConfig and _ddp_init_helper: without
 // find_unused_parameters, one bucket for the first iteration, rebuilt from
 // the order gradients arrived in; buckets reversed (reduced last first).
 // Makes the Reducer of `d`'s parameters, with its all-reduce, and what it
 // hooked; changes nothing where it throws. `layout`: these buckets instead
-// (checked by check_layout), for its first iteration; without
+// (layout_error found none), for its first iteration; without
 // find_unused_parameters it rebuilds after it as ever, from the order the
 // gradients come in, which is the order that made such a layout.
-void DistributedDataParallel::Impl::make_reducer(
-    std::optional<std::vector<std::vector<size_t>>> layout) {
+void DistributedDataParallel::Impl::make_reducer(std::optional<Layout> layout) {
   Impl& d = *this;
-  const auto cap_mb = d.options.bucket_cap_mb();
-  const int64_t bucket_bytes =
-      static_cast<int64_t>(cap_mb.value_or(kDefaultBucketCapMb) * static_cast<double>(kMiB));
-  const int64_t first_bucket_bytes = cap_mb ? bucket_bytes : kFirstBucketBytes;
+  const auto [first_bucket_bytes, bucket_bytes] = d.bucket_caps();
   std::vector<size_t> limits;
   if (!d.options.find_unused_parameters()) {
     limits = {static_cast<size_t>(std::numeric_limits<int64_t>::max())};
@@ -248,8 +271,10 @@ void DistributedDataParallel::Impl::make_reducer(
   for (const auto& p : d.params) {
     hooked.push_back(torch::autograd::impl::try_get_grad_accumulator(p).get());
   }
+  d.stop_recording();
   d.reducer = std::move(reducer);
   d.hooked = std::move(hooked);
+  d.rebuilt = false;
 }
 
 // Whether a parameter has another gradient accumulator than the one the
@@ -273,7 +298,7 @@ std::vector<std::vector<size_t>> DistributedDataParallel::Impl::current_buckets(
     index[params[i].unsafeGetTensorImpl()] = i;
   }
   std::vector<std::vector<size_t>> out;
-  for (const auto& bucket : reducer->get_grad_buckets(/*return_zero_tensors=*/true)) {
+  for (const auto& bucket : reducer->get_grad_buckets(/*return_zero_tensors=*/false)) {
     out.emplace_back();
     for (const auto& p : bucket.getParameters()) {
       out.back().push_back(index.at(p.unsafeGetTensorImpl()));
@@ -345,10 +370,24 @@ void DistributedDataParallel::pre_forward_() {
                   "gradient, so it cannot be hooked again; build a new DistributedDataParallel "
                   "over the module as it is now. Nothing was changed.");
     }
+    if (d.next_buckets) {  // (a parameter may have changed its dtype or device since)
+      const auto error = d.layout_error(*d.next_buckets);
+      TORCH_CHECK_VALUE(!error,
+                        "torchamp::DistributedDataParallel: the buckets set_bucket_indices gave "
+                        "no longer fit the parameters: ",
+                        error.value_or(""), ". Nothing was changed.");
+    }
     // What the old Reducer would still raise (a reduction the previous
     // iteration left unfinished), before it goes.
     naming_unready(d.names, [&] { d.reducer->rebuild_buckets(); });
-    d.make_reducer(d.next_buckets ? *d.next_buckets : d.current_buckets());
+    std::optional<Layout> layout = d.next_buckets;
+    if (!layout) {  // the old one's, where they still fit (Module::to may part a bucket)
+      layout = d.current_buckets();
+      if (d.layout_error(*layout)) {
+        layout.reset();
+      }
+    }
+    d.make_reducer(std::move(layout));
     d.next_buckets.reset();
   }
   naming_unready(d.names, [&] {
@@ -357,9 +396,22 @@ void DistributedDataParallel::pre_forward_() {
     }
     // Once, after the first iteration: buckets in the order gradients came.
     if (grad) {
-      d.reducer->rebuild_buckets();
+      const auto predicted = d.predicted_rebuild();
+      if (d.reducer->rebuild_buckets()) {
+        d.rebuilt = true;
+        if (predicted && *predicted != d.current_buckets()) {
+          TORCH_WARN_ONCE(
+              "torchamp::DistributedDataParallel: the Reducer rebuilt its buckets otherwise than "
+              "bucket_indices() said it would; a checkpoint saved after the first iteration "
+              "holds the buckets from that prediction, and a run resumed from it may differ in "
+              "the last bits on more than two ranks");
+        }
+      }
     }
   });
+  if (grad) {
+    d.stop_recording();
+  }
   if (d.require_forward_param_sync && d.options.broadcast_buffers()) {
     std::vector<at::Tensor> buffers = d.module->buffers();
     if (!buffers.empty()) {
@@ -385,6 +437,9 @@ void DistributedDataParallel::post_forward_(const std::vector<at::Tensor>& outpu
       d.reducer->prepare_for_backward(
           d.options.find_unused_parameters() ? outputs : std::vector<at::Tensor>{});
     });
+    if (!d.rebuilt && !d.options.find_unused_parameters()) {
+      d.start_recording();  // the backward the Reducer rebuilds from
+    }
   } else {
     d.require_forward_param_sync = false;
   }
@@ -422,42 +477,123 @@ const std::vector<at::Tensor>& DistributedDataParallel::parameters() const {
 }
 
 std::vector<std::vector<size_t>> DistributedDataParallel::bucket_indices() const {
-  return impl_->next_buckets ? *impl_->next_buckets : impl_->current_buckets();
+  if (impl_->next_buckets) {
+    return *impl_->next_buckets;
+  }
+  if (auto predicted = impl_->predicted_rebuild()) {
+    return *predicted;
+  }
+  return impl_->current_buckets();
 }
 
-void DistributedDataParallel::set_bucket_indices(std::vector<std::vector<size_t>> buckets) {
-  const Impl& d = *impl_;
-  const size_t n = d.params.size();
+// What makes `buckets` unfit for a Reducer over the parameters as they are
+// now: not each parameter once, an empty bucket, a sparse one shared, or
+// dtypes or devices mixed.
+std::optional<std::string> DistributedDataParallel::Impl::layout_error(
+    const Layout& buckets) const {
+  const size_t n = params.size();
   std::vector<int64_t> bucket_of(n, -1);
   for (size_t b = 0; b < buckets.size(); ++b) {
-    TORCH_CHECK_VALUE(!buckets[b].empty(), "DistributedDataParallel::set_bucket_indices: bucket ",
-                      b, " is empty");
+    if (buckets[b].empty()) {
+      return c10::str("bucket ", b, " is empty");
+    }
     for (const size_t i : buckets[b]) {
-      TORCH_CHECK_VALUE(i < n, "DistributedDataParallel::set_bucket_indices: bucket ", b,
-                        " holds index ", i, ", but there are ", n,
+      if (i >= n) {
+        return c10::str("bucket ", b, " holds index ", i, ", but there are ", n,
                         " parameters (indices into parameters())");
-      const bool again = bucket_of[i] == static_cast<int64_t>(b);
-      TORCH_CHECK_VALUE(bucket_of[i] < 0, "DistributedDataParallel::set_bucket_indices: index ", i,
-                        " (", d.names[i], ") is in bucket ", bucket_of[i],
-                        again ? " twice" : " and in bucket ", again ? "" : std::to_string(b));
+      }
+      if (bucket_of[i] >= 0) {
+        return bucket_of[i] == static_cast<int64_t>(b)
+                   ? c10::str("index ", i, " (", names[i], ") is in bucket ", b, " twice")
+                   : c10::str("index ", i, " (", names[i], ") is in bucket ", bucket_of[i],
+                              " and in bucket ", b);
+      }
       bucket_of[i] = static_cast<int64_t>(b);
-      const at::Tensor& first = d.params[buckets[b].front()];
-      TORCH_CHECK_VALUE(!d.sparse[i] || buckets[b].size() == 1,
-                        "DistributedDataParallel::set_bucket_indices: index ", i, " (", d.names[i],
+      if (sparse[i] && buckets[b].size() != 1) {
+        return c10::str("index ", i, " (", names[i],
                         ") makes sparse gradients and needs a bucket of its own; bucket ", b,
                         " holds ", buckets[b].size(), " parameters");
-      TORCH_CHECK_VALUE(
-          d.params[i].dtype() == first.dtype() && d.params[i].device() == first.device(),
-          "DistributedDataParallel::set_bucket_indices: bucket ", b, " mixes ", d.names[i], " (",
-          d.params[i].dtype(), " on ", d.params[i].device(), ") with ", d.names[buckets[b].front()],
-          " (", first.dtype(), " on ", first.device(), ")");
+      }
+      const at::Tensor& first = params[buckets[b].front()];
+      if (params[i].dtype() != first.dtype() || params[i].device() != first.device()) {
+        return c10::str("bucket ", b, " mixes ", names[i], " (", params[i].dtype(), " on ",
+                        params[i].device(), ") with ", names[buckets[b].front()], " (",
+                        first.dtype(), " on ", first.device(), ")");
+      }
     }
   }
   for (size_t i = 0; i < n; ++i) {
-    TORCH_CHECK_VALUE(bucket_of[i] >= 0, "DistributedDataParallel::set_bucket_indices: index ", i,
-                      " (", d.names[i], ") is in no bucket; every one of the ", n,
+    if (bucket_of[i] < 0) {
+      return c10::str("index ", i, " (", names[i], ") is in no bucket; every one of the ", n,
                       " parameters() must be in one");
+    }
   }
+  return std::nullopt;
+}
+
+// Records the order this backward's gradients arrive in: a tensor hook
+// runs in the gradient accumulator's call, as the Reducer's own hook does,
+// so both see the same order.
+void DistributedDataParallel::Impl::start_recording() {
+  stop_recording();
+  arrival.clear();
+  for (const auto& p : params) {
+    if (!p.requires_grad()) {  // (frozen since: no hook, no prediction)
+      return;
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    arrival_hooks.push_back(params[i].register_hook([this, i](const at::TensorBase&) {
+      std::lock_guard<std::mutex> lock(arrival_mutex);
+      arrival.push_back(static_cast<int64_t>(i));
+    }));
+  }
+}
+
+void DistributedDataParallel::Impl::stop_recording() {
+  for (size_t i = 0; i < arrival_hooks.size(); ++i) {
+    params[i].remove_hook(arrival_hooks[i]);
+  }
+  arrival_hooks.clear();
+}
+
+// The buckets the Reducer's pending rebuild will make: its own computation
+// (Reducer::rebuild_buckets) on the recorded order; none where no rebuild
+// is pending or the order is not whole.
+std::optional<Layout> DistributedDataParallel::Impl::predicted_rebuild() const {
+  if (rebuilt || options.find_unused_parameters()) {
+    return std::nullopt;
+  }
+  std::vector<int64_t> order;
+  {
+    std::lock_guard<std::mutex> lock(arrival_mutex);
+    order = arrival;
+  }
+  if (order.size() != params.size()) {
+    return std::nullopt;
+  }
+  const auto [first_bucket_bytes, bucket_bytes] = bucket_caps();
+  const char* last_small = std::getenv("DDP_SET_LAST_BUCKET_CAP");
+  const bool reversed = last_small != nullptr && std::string(last_small) == "1";
+  if (reversed) {
+    std::reverse(order.begin(), order.end());
+  }
+  std::vector<at::Tensor> tensors;
+  for (const int64_t i : order) {
+    tensors.push_back(params[static_cast<size_t>(i)]);
+  }
+  auto buckets = std::get<0>(c10d::compute_bucket_assignment_by_size(
+      tensors, {static_cast<size_t>(first_bucket_bytes), static_cast<size_t>(bucket_bytes)}, sparse,
+      order));
+  if (reversed) {
+    std::reverse(buckets.begin(), buckets.end());
+  }
+  return buckets;
+}
+
+void DistributedDataParallel::set_bucket_indices(std::vector<std::vector<size_t>> buckets) {
+  const auto error = impl_->layout_error(buckets);
+  TORCH_CHECK_VALUE(!error, "DistributedDataParallel::set_bucket_indices: ", error.value_or(""));
   impl_->next_buckets = std::move(buckets);
 }
 

@@ -60,6 +60,10 @@ TEST_P(DataParallel, TrainsLikeOneProcessOnTheGlobalBatch) {
   // 128 + 4096 bytes), as Python's DDP buckets this model.
   EXPECT_EQ(starting(out, "bucket"),
             (std::vector<std::string>{"buckets 2", "bucket 5 4 3 2", "bucket 1 0"}));
+  // bucket_indices() between the first backward and the next forward (a
+  // checkpoint's moment) already says what the rebuild will make.
+  EXPECT_EQ(starting(out, "predicted"),
+            (std::vector<std::string>{"predicted 5 4 3 2", "predicted 1 0"}));
 }
 
 // test_ddp_grad_div_uneven_inputs' sibling, gradient_as_bucket_view: the same
@@ -202,15 +206,18 @@ TEST(DataParallelReload, ParametersLoadedAfterConstructionAreStillReduced) {
 // A restarted run: model and optimizer loaded into new objects under a new
 // DDP, whose first iteration would reduce in one bucket where the
 // uninterrupted run has rebuilt its buckets. With the saved bucket_indices()
-// set, the resumed run ends on the uninterrupted run's bits on 3 ranks too.
-// (A 3-rank sum's last bits depend on the layout, so without them the
-// resumed run differs: the test checks it still does, else it would prove
-// nothing.)
+// set, the resumed run ends on the uninterrupted run's bits on 3 ranks too:
+// saved after step 1, and saved after step 0 (before the Reducer's rebuild,
+// which bucket_indices() foretells) with the DDP built before the load. (A
+// 3-rank sum's last bits depend on the layout, so without them the resumed
+// run differs: the test checks it still does, else it would prove nothing.)
 TEST(DataParallelResume, SavedBucketsMakeAResumedRunTheUninterruptedOne) {
   for (const int world : {2, 3}) {
     const auto plain = starting(agreed("ddp-train", world), "param ");
     ASSERT_FALSE(plain.empty());
     EXPECT_EQ(starting(agreed("ddp-train-resume", world), "param "), plain) << world << " ranks";
+    EXPECT_EQ(starting(agreed("ddp-train-resume-early", world), "param "), plain)
+        << world << " ranks";
     if (world == 3) {
       EXPECT_NE(starting(agreed("ddp-train-resume-fresh", world), "param "), plain);
     }
@@ -248,7 +255,13 @@ TEST(DataParallelErrors, BadArgumentsAreTypedErrorsThatChangeNothing) {
       "mixed: ValueError DistributedDataParallel::set_bucket_indices: bucket 0 mixes 0.bias "
       "(float on cpu) with 1.bias (double on cpu)",
       "buckets unchanged 1",
-      "then reduces in 2 buckets"};
+      "then reduces in 2 buckets",
+      "and rebuilds into 1",
+      "a layer moved: reduces in 2 buckets",
+      "set, then a layer moved: ValueError torchamp::DistributedDataParallel: the buckets "
+      "set_bucket_indices gave no longer fit the parameters: bucket 0 mixes 0.bias (float on "
+      "cpu) with 1.bias (double on cpu). Nothing was changed.",
+      "set again: reduces in 2 buckets"};
   EXPECT_EQ(out, expected);
 }
 

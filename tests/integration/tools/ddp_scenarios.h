@@ -29,10 +29,12 @@
 //   ddp-train-reload, ddp-train-reload-unused  ddp-train with the model saved
 //            and loaded back (torch::save, torch::load) after step 1; -unused
 //            with find_unused_parameters
-//   ddp-train-resume, ddp-train-resume-fresh  ddp-train stopped after step 1
-//            and resumed as a restarted process would: a new model,
-//            optimizer and DDP loaded from what was saved; -resume also with
-//            the saved bucket_indices() (set_bucket_indices), -fresh without
+//   ddp-train-resume, ddp-train-resume-early, ddp-train-resume-fresh
+//            ddp-train stopped after step 1 (-early: step 0, and the DDP
+//            built before the load, as the apps do) and resumed as a
+//            restarted process would: a new model, optimizer and DDP loaded
+//            from what was saved, with the saved bucket_indices()
+//            (set_bucket_indices); -fresh without them
 //   ddp-errors                  bad arguments (1 rank)
 //   ddp-exit                    rank 1 exits in the middle of backward
 // Every line of the output file is one observation; the test compares them.
@@ -47,6 +49,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -161,6 +164,15 @@ inline int train(bool local, bool view, bool ckpt, bool find_unused, bool reload
                            : forward(model, x, ckpt);
     torch::mse_loss(out_t, y).backward();
     opt->step();
+    if (ddp && step == 0) {  // the buckets the next forward rebuilds
+      for (const auto& b : ddp->bucket_indices()) {
+        out << "predicted";
+        for (const size_t i : b) {
+          out << " " << i;
+        }
+        out << "\n";
+      }
+    }
   }
   print_params(*model, out);
   if (ddp) {
@@ -182,11 +194,11 @@ inline int train(bool local, bool view, bool ckpt, bool find_unused, bool reload
   return 0;
 }
 
-// ddp-train-resume(-fresh): ddp-train's steps 0 and 1, the model, optimizer
-// and buckets saved; then everything made anew (a restarted process), loaded,
-// and steps 2 to 4.
-inline int train_resumed(bool buckets, int rank, int world, const GroupFactory& make_group,
-                         std::ofstream& out) {
+// ddp-train-resume(-early, -fresh): ddp-train's steps up to `saved_at`, the
+// model, optimizer and buckets saved; then everything made anew (a restarted
+// process), loaded, and the steps after it.
+inline int train_resumed(int saved_at, bool ddp_first, bool buckets, int rank, int world,
+                         const GroupFactory& make_group, std::ofstream& out) {
   const auto options = torchamp::DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024);
   std::stringstream model_bytes, opt_bytes;
   std::vector<std::vector<size_t>> saved;
@@ -204,20 +216,26 @@ inline int train_resumed(bool buckets, int rank, int world, const GroupFactory& 
     auto model = make_model();
     auto opt = make_sgd(model);
     torchamp::DistributedDataParallel ddp(model.ptr(), group, options);
-    steps(model, *opt, ddp, 0, 2);
+    steps(model, *opt, ddp, 0, saved_at + 1);
     torch::save(model, model_bytes);
     torch::save(*opt, opt_bytes);
-    saved = ddp.bucket_indices();
+    saved = ddp.bucket_indices();  // after step 0: the rebuild it is about to make
   }
   auto model = make_model();
   auto opt = make_sgd(model);
+  std::optional<torchamp::DistributedDataParallel> ddp;
+  if (ddp_first) {
+    ddp.emplace(model.ptr(), group, options);
+  }
   torch::load(model, model_bytes);
   torch::load(*opt, opt_bytes);
-  torchamp::DistributedDataParallel ddp(model.ptr(), group, options);
-  if (buckets) {
-    ddp.set_bucket_indices(saved);
+  if (!ddp_first) {
+    ddp.emplace(model.ptr(), group, options);
   }
-  steps(model, *opt, ddp, 2, 5);
+  if (buckets) {
+    ddp->set_bucket_indices(saved);
+  }
+  steps(model, *opt, *ddp, saved_at + 1, 5);
   print_params(*model, out);
   return 0;
 }
@@ -362,8 +380,39 @@ inline int errors(const GroupFactory& make_group, std::ofstream& out) {
   attempt("mixed", [&] { mixed_ddp.set_bucket_indices(Buckets{{3, 2, 1, 0}}); });
   out << "buckets unchanged " << (ddp.bucket_indices() == layout) << "\n";
   ddp.set_bucket_indices(Buckets{{0, 2, 4}, {5, 3, 1}});
-  torch::mse_loss(ddp.forward([&] { return model->forward(x); }), torch::zeros({2, 4})).backward();
+  const auto o = ddp.forward([&] { return model->forward(x); });
   out << "then reduces in " << ddp.bucket_indices().size() << " buckets\n";
+  torch::mse_loss(o, torch::zeros({2, 4})).backward();
+  out << "and rebuilds into " << ddp.bucket_indices().size() << "\n";  // (cap: 25 MiB)
+  // A layer moved to float64 (Module::to) after the buckets were made: a
+  // Reducer remade over the old buckets would mix dtypes in one, so it gets
+  // Python's assignment (by dtype) instead; buckets set by
+  // set_bucket_indices that no longer fit are refused at the forward, and
+  // stay until replaced.
+  auto two_step = [&](torchamp::DistributedDataParallel& dd, torch::nn::Sequential& m) {
+    grads_to_none(*m);  // (Module::to leaves a float gradient on a float64 parameter)
+    auto* first = m[0]->as<torch::nn::Linear>();
+    auto* second = m[1]->as<torch::nn::Linear>();
+    const auto o = dd.forward([&] {
+      return second->forward(first->forward(torch::ones({2, 2})).to(second->weight.dtype()));
+    });
+    torch::mse_loss(o, torch::zeros_like(o)).backward();
+  };
+  torch::nn::Sequential carried(torch::nn::Linear(2, 2), torch::nn::Linear(2, 2));
+  torchamp::DistributedDataParallel carried_ddp(carried.ptr(), group);
+  two_step(carried_ddp, carried);
+  two_step(carried_ddp, carried);  // rebuilt: one bucket
+  carried[1]->to(torch::kDouble);
+  two_step(carried_ddp, carried);
+  out << "a layer moved: reduces in " << carried_ddp.bucket_indices().size() << " buckets\n";
+  torch::nn::Sequential set(torch::nn::Linear(2, 2), torch::nn::Linear(2, 2));
+  torchamp::DistributedDataParallel set_ddp(set.ptr(), group);
+  set_ddp.set_bucket_indices(Buckets{{3, 2, 1, 0}});
+  set[1]->to(torch::kDouble);
+  attempt("set, then a layer moved", [&] { two_step(set_ddp, set); });
+  set_ddp.set_bucket_indices(Buckets{{3, 2}, {1, 0}});
+  two_step(set_ddp, set);
+  out << "set again: reduces in " << set_ddp.bucket_indices().size() << " buckets\n";
   return 0;
 }
 
@@ -489,8 +538,10 @@ inline int run(const std::string& scenario, int rank, int world, const GroupFact
                  scenario.rfind("ddp-train-checkpoint", 0) == 0, unused,
                  scenario.rfind("ddp-train-reload", 0) == 0, rank, world, make_group, out);
   }
-  if (scenario == "ddp-train-resume" || scenario == "ddp-train-resume-fresh") {
-    return train_resumed(scenario == "ddp-train-resume", rank, world, make_group, out);
+  if (scenario.rfind("ddp-train-resume", 0) == 0) {
+    const bool early = scenario == "ddp-train-resume-early";
+    return train_resumed(early ? 0 : 1, early, scenario != "ddp-train-resume-fresh", rank, world,
+                         make_group, out);
   }
   if (scenario == "ddp-no-sync" || scenario == "ddp-no-sync-local" ||
       scenario == "ddp-no-sync-checkpoint") {
