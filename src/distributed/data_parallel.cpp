@@ -272,6 +272,10 @@ void DistributedDataParallel::Impl::make_reducer(std::optional<Layout> layout) {
     hooked.push_back(torch::autograd::impl::try_get_grad_accumulator(p).get());
   }
   d.stop_recording();
+  {
+    std::lock_guard<std::mutex> lock(d.arrival_mutex);
+    d.arrival.clear();  // (the old Reducer's order foretells nothing of the new one)
+  }
   d.reducer = std::move(reducer);
   d.hooked = std::move(hooked);
   d.rebuilt = false;
@@ -536,7 +540,10 @@ std::optional<std::string> DistributedDataParallel::Impl::layout_error(
 // so both see the same order.
 void DistributedDataParallel::Impl::start_recording() {
   stop_recording();
-  arrival.clear();
+  {
+    std::lock_guard<std::mutex> lock(arrival_mutex);
+    arrival.clear();
+  }
   for (const auto& p : params) {
     if (!p.requires_grad()) {  // (frozen since: no hook, no prediction)
       return;
