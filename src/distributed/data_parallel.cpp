@@ -8,8 +8,10 @@
 #include "compat/compat.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
@@ -213,6 +215,7 @@ struct DistributedDataParallel::Impl {
   bool hooks_lost() const;
   Layout current_buckets() const;
   std::optional<std::string> layout_error(const Layout& buckets) const;
+  Layout rank0_layout(const Layout& layout) const;
   void start_recording();
   void stop_recording();
   std::optional<Layout> predicted_rebuild() const;
@@ -374,17 +377,19 @@ void DistributedDataParallel::pre_forward_() {
                   "gradient, so it cannot be hooked again; build a new DistributedDataParallel "
                   "over the module as it is now. Nothing was changed.");
     }
-    if (d.next_buckets) {  // (a parameter may have changed its dtype or device since)
-      const auto error = d.layout_error(*d.next_buckets);
+    std::optional<Layout> given;
+    if (d.next_buckets) {  // rank 0's; a parameter may have changed its dtype or device since
+      given = d.rank0_layout(*d.next_buckets);
+      const auto error = d.layout_error(*given);
       TORCH_CHECK_VALUE(!error,
                         "torchamp::DistributedDataParallel: the buckets set_bucket_indices gave "
-                        "no longer fit the parameters: ",
+                        "(rank 0's) no longer fit the parameters: ",
                         error.value_or(""), ". Nothing was changed.");
     }
     // What the old Reducer would still raise (a reduction the previous
     // iteration left unfinished), before it goes.
     naming_unready(d.names, [&] { d.reducer->rebuild_buckets(); });
-    std::optional<Layout> layout = d.next_buckets;
+    std::optional<Layout> layout = std::move(given);
     if (!layout) {  // the old one's, where they still fit (Module::to may part a bucket)
       layout = d.current_buckets();
       if (d.layout_error(*layout)) {
@@ -533,6 +538,46 @@ std::optional<std::string> DistributedDataParallel::Impl::layout_error(
     }
   }
   return std::nullopt;
+}
+
+// Rank 0's `layout`, on every rank (each calls this at the same forward):
+// ranks that were given other buckets would all-reduce buffers that do not
+// match, so, as the Reducer's rebuild does, every rank takes rank 0's.
+Layout DistributedDataParallel::Impl::rank0_layout(const Layout& layout) const {
+  const auto device = params.front().device();
+  at::Tensor count = at::empty({1}, at::kLong);
+  count.data_ptr<int64_t>()[0] = static_cast<int64_t>(layout.size());
+  std::vector<at::Tensor> message = {count.to(device)};
+  c10d::broadcast_coalesced(group, message, kBroadcastBucketBytes, 0);
+  const int64_t buckets = message.front().cpu().data_ptr<int64_t>()[0];
+  // Each bucket's size, then every bucket's indices in turn.
+  const auto n = static_cast<int64_t>(params.size());
+  at::Tensor flat = at::zeros({buckets + n}, at::kLong);
+  if (buckets == static_cast<int64_t>(layout.size())) {  // (else this rank's is not sent)
+    int64_t* out = flat.data_ptr<int64_t>();
+    int64_t at = buckets;
+    for (size_t b = 0; b < layout.size(); ++b) {
+      out[b] = static_cast<int64_t>(layout[b].size());
+      for (const size_t i : layout[b]) {
+        if (at < buckets + n) {
+          out[at] = static_cast<int64_t>(i);
+        }
+        ++at;
+      }
+    }
+  }
+  message = {flat.to(device)};
+  c10d::broadcast_coalesced(group, message, kBroadcastBucketBytes, 0);
+  flat = message.front().cpu();
+  const int64_t* in = flat.data_ptr<int64_t>();
+  Layout out(static_cast<size_t>(buckets));
+  int64_t at = buckets;
+  for (int64_t b = 0; b < buckets; ++b) {
+    for (int64_t k = 0; k < in[b] && at < buckets + n; ++k) {
+      out[static_cast<size_t>(b)].push_back(static_cast<size_t>(in[at++]));
+    }
+  }
+  return out;
 }
 
 // Records the order this backward's gradients arrive in: a tensor hook

@@ -218,6 +218,9 @@ TEST(DataParallelResume, SavedBucketsMakeAResumedRunTheUninterruptedOne) {
     EXPECT_EQ(starting(agreed("ddp-train-resume", world), "param "), plain) << world << " ranks";
     EXPECT_EQ(starting(agreed("ddp-train-resume-early", world), "param "), plain)
         << world << " ranks";
+    // Rank 1 given other buckets: every rank reduces in rank 0's.
+    EXPECT_EQ(starting(agreed("ddp-train-resume-skew", world), "param "), plain)
+        << world << " ranks";
     if (world == 3) {
       EXPECT_NE(starting(agreed("ddp-train-resume-fresh", world), "param "), plain);
     }
@@ -259,7 +262,8 @@ TEST(DataParallelErrors, BadArgumentsAreTypedErrorsThatChangeNothing) {
       "and rebuilds into 1",
       "a layer moved: reduces in 2 buckets",
       "set, then a layer moved: ValueError torchamp::DistributedDataParallel: the buckets "
-      "set_bucket_indices gave no longer fit the parameters: bucket 0 mixes 0.bias (float on "
+      "set_bucket_indices gave (rank 0's) no longer fit the parameters: bucket 0 mixes 0.bias "
+      "(float on "
       "cpu) with 1.bias (double on cpu). Nothing was changed.",
       "set again: reduces in 2 buckets"};
   EXPECT_EQ(out, expected);

@@ -34,7 +34,8 @@
 //            built before the load, as the apps do) and resumed as a
 //            restarted process would: a new model, optimizer and DDP loaded
 //            from what was saved, with the saved bucket_indices()
-//            (set_bucket_indices); -fresh without them
+//            (set_bucket_indices); -fresh without them; -skew with rank 1
+//            given other buckets (every rank takes rank 0's)
 //   ddp-errors                  bad arguments (1 rank)
 //   ddp-exit                    rank 1 exits in the middle of backward
 // Every line of the output file is one observation; the test compares them.
@@ -197,7 +198,7 @@ inline int train(bool local, bool view, bool ckpt, bool find_unused, bool reload
 // ddp-train-resume(-early, -fresh): ddp-train's steps up to `saved_at`, the
 // model, optimizer and buckets saved; then everything made anew (a restarted
 // process), loaded, and the steps after it.
-inline int train_resumed(int saved_at, bool ddp_first, bool buckets, int rank, int world,
+inline int train_resumed(int saved_at, bool ddp_first, bool buckets, bool skew, int rank, int world,
                          const GroupFactory& make_group, std::ofstream& out) {
   const auto options = torchamp::DistributedDataParallelOptions().bucket_cap_mb(1.0 / 1024);
   std::stringstream model_bytes, opt_bytes;
@@ -231,6 +232,9 @@ inline int train_resumed(int saved_at, bool ddp_first, bool buckets, int rank, i
   torch::load(*opt, opt_bytes);
   if (!ddp_first) {
     ddp.emplace(model.ptr(), group, options);
+  }
+  if (skew && rank == 1) {
+    saved = {{5, 4, 3, 2, 1, 0}};
   }
   if (buckets) {
     ddp->set_bucket_indices(saved);
@@ -540,8 +544,8 @@ inline int run(const std::string& scenario, int rank, int world, const GroupFact
   }
   if (scenario.rfind("ddp-train-resume", 0) == 0) {
     const bool early = scenario == "ddp-train-resume-early";
-    return train_resumed(early ? 0 : 1, early, scenario != "ddp-train-resume-fresh", rank, world,
-                         make_group, out);
+    return train_resumed(early ? 0 : 1, early, scenario != "ddp-train-resume-fresh",
+                         scenario == "ddp-train-resume-skew", rank, world, make_group, out);
   }
   if (scenario == "ddp-no-sync" || scenario == "ddp-no-sync-local" ||
       scenario == "ddp-no-sync-checkpoint") {
