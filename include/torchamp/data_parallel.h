@@ -214,9 +214,9 @@ class DistributedDataParallel {
   /// `bucket_indices()` returned in the run a checkpoint was saved from, so
   /// that the resumed run adds every gradient in the order the uninterrupted
   /// one does (on more than two ranks a sum's last bits depend on it; a new
-  /// DDP's first iteration otherwise reduces in one bucket). Every rank
-  /// calls it, between iterations; the next forward takes rank 0's (a
-  /// broadcast). No Python equivalent. Throws
+  /// DDP's first iteration otherwise reduces in one bucket); from the next
+  /// forward on. Collective: every rank calls it, between iterations, and
+  /// every rank takes rank 0's buckets. No Python equivalent. Throws
   /// `c10::ValueError` naming the index or bucket where the buckets are not
   /// each parameter once, or a bucket is empty, mixes dtypes or devices, or
   /// shares a sparse parameter; nothing changed. The next forward throws

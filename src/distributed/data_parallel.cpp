@@ -13,6 +13,8 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/modules/embedding.h>
@@ -20,8 +22,10 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -183,6 +187,8 @@ void naming_unready(const std::vector<std::string>& names, const Step& step) {
 }  // namespace
 
 using Layout = std::vector<std::vector<size_t>>;
+// A gradient accumulator: a shared_ptr before LibTorch 2.x's intrusive_ptr.
+using NodePtr = decltype(torch::autograd::impl::try_get_grad_accumulator(at::Tensor()));
 
 struct DistributedDataParallel::Impl {
   std::shared_ptr<torch::nn::Module> module;
@@ -203,21 +209,24 @@ struct DistributedDataParallel::Impl {
   // find_unused_parameters, at the forward after its first reduced backward).
   bool rebuilt = false;
   // Until then, the order that backward's gradients arrived in (parameter
-  // indices), recorded by tensor hooks: the rebuild's layout, known before
-  // the Reducer makes it, for a checkpoint saved in between.
+  // indices), recorded by a post hook beside the Reducer's on each gradient
+  // accumulator: the rebuild's layout, known before the Reducer makes it,
+  // for a checkpoint saved in between.
   std::vector<int64_t> arrival;
   mutable std::mutex arrival_mutex;  // hooks may run on the engine's device threads
-  std::vector<unsigned> arrival_hooks;
+  std::atomic<bool> recording{false};
+  std::vector<std::pair<NodePtr, uintptr_t>> arrival_hooks;
 
-  ~Impl() { stop_recording(); }
+  ~Impl() { unhook_arrivals(); }
   std::pair<int64_t, int64_t> bucket_caps() const;  // first bucket's, others'
   void make_reducer(std::optional<Layout> layout = std::nullopt);
   bool hooks_lost() const;
   Layout current_buckets() const;
   std::optional<std::string> layout_error(const Layout& buckets) const;
   Layout rank0_layout(const Layout& layout) const;
-  void start_recording();
-  void stop_recording();
+  void arrived(size_t index);
+  void hook_arrivals();
+  void unhook_arrivals();
   std::optional<Layout> predicted_rebuild() const;
 };
 
@@ -274,7 +283,8 @@ void DistributedDataParallel::Impl::make_reducer(std::optional<Layout> layout) {
   for (const auto& p : d.params) {
     hooked.push_back(torch::autograd::impl::try_get_grad_accumulator(p).get());
   }
-  d.stop_recording();
+  d.unhook_arrivals();
+  d.recording = false;
   {
     std::lock_guard<std::mutex> lock(d.arrival_mutex);
     d.arrival.clear();  // (the old Reducer's order foretells nothing of the new one)
@@ -282,6 +292,9 @@ void DistributedDataParallel::Impl::make_reducer(std::optional<Layout> layout) {
   d.reducer = std::move(reducer);
   d.hooked = std::move(hooked);
   d.rebuilt = false;
+  if (!d.options.find_unused_parameters()) {  // (which never rebuilds)
+    d.hook_arrivals();
+  }
 }
 
 // Whether a parameter has another gradient accumulator than the one the
@@ -364,6 +377,9 @@ DistributedDataParallel& DistributedDataParallel::operator=(DistributedDataParal
 void DistributedDataParallel::pre_forward_() {
   Impl& d = *impl_;
   const bool grad = at::GradMode::is_enabled();
+  if (grad) {
+    d.recording = false;  // (the Reducer rebuilds from one backward)
+  }
   // Parameters loaded (or moved) since the Reducer was made: a new one hooks
   // their new accumulators, over the buckets the old one had (or those
   // set_bucket_indices gave), so each gradient is added in the same place
@@ -377,10 +393,8 @@ void DistributedDataParallel::pre_forward_() {
                   "gradient, so it cannot be hooked again; build a new DistributedDataParallel "
                   "over the module as it is now. Nothing was changed.");
     }
-    std::optional<Layout> given;
-    if (d.next_buckets) {  // rank 0's; a parameter may have changed its dtype or device since
-      given = d.rank0_layout(*d.next_buckets);
-      const auto error = d.layout_error(*given);
+    if (d.next_buckets) {  // a parameter may have changed its dtype or device since
+      const auto error = d.layout_error(*d.next_buckets);
       TORCH_CHECK_VALUE(!error,
                         "torchamp::DistributedDataParallel: the buckets set_bucket_indices gave "
                         "(rank 0's) no longer fit the parameters: ",
@@ -389,7 +403,7 @@ void DistributedDataParallel::pre_forward_() {
     // What the old Reducer would still raise (a reduction the previous
     // iteration left unfinished), before it goes.
     naming_unready(d.names, [&] { d.reducer->rebuild_buckets(); });
-    std::optional<Layout> layout = std::move(given);
+    std::optional<Layout> layout = d.next_buckets;
     if (!layout) {  // the old one's, where they still fit (Module::to may part a bucket)
       layout = d.current_buckets();
       if (d.layout_error(*layout)) {
@@ -408,6 +422,7 @@ void DistributedDataParallel::pre_forward_() {
       const auto predicted = d.predicted_rebuild();
       if (d.reducer->rebuild_buckets()) {
         d.rebuilt = true;
+        d.unhook_arrivals();
         if (predicted && *predicted != d.current_buckets()) {
           TORCH_WARN_ONCE(
               "torchamp::DistributedDataParallel: the Reducer rebuilt its buckets otherwise than "
@@ -418,9 +433,6 @@ void DistributedDataParallel::pre_forward_() {
       }
     }
   });
-  if (grad) {
-    d.stop_recording();
-  }
   if (d.require_forward_param_sync && d.options.broadcast_buffers()) {
     std::vector<at::Tensor> buffers = d.module->buffers();
     if (!buffers.empty()) {
@@ -446,8 +458,10 @@ void DistributedDataParallel::post_forward_(const std::vector<at::Tensor>& outpu
       d.reducer->prepare_for_backward(
           d.options.find_unused_parameters() ? outputs : std::vector<at::Tensor>{});
     });
-    if (!d.rebuilt && !d.options.find_unused_parameters()) {
-      d.start_recording();  // the backward the Reducer rebuilds from
+    if (!d.rebuilt && !d.arrival_hooks.empty()) {  // the backward the Reducer rebuilds from
+      std::lock_guard<std::mutex> lock(d.arrival_mutex);
+      d.arrival.clear();
+      d.recording = true;
     }
   } else {
     d.require_forward_param_sync = false;
@@ -489,10 +503,21 @@ std::vector<std::vector<size_t>> DistributedDataParallel::bucket_indices() const
   if (impl_->next_buckets) {
     return *impl_->next_buckets;
   }
-  if (auto predicted = impl_->predicted_rebuild()) {
+  const Impl& d = *impl_;
+  if (auto predicted = d.predicted_rebuild()) {
     return *predicted;
   }
-  return impl_->current_buckets();
+  if (!d.rebuilt && !d.options.find_unused_parameters()) {
+    std::lock_guard<std::mutex> lock(d.arrival_mutex);
+    if (!d.arrival.empty()) {  // a backward ran, but its order is not whole
+      TORCH_WARN_ONCE(
+          "torchamp::DistributedDataParallel::bucket_indices(): the Reducer rebuilds its "
+          "buckets at the next forward, from an order of gradients this DDP could not record "
+          "whole; these are the buckets before it, which a run resumed from them would reduce "
+          "its first step in (the last bits may differ on more than two ranks)");
+    }
+  }
+  return d.current_buckets();
 }
 
 // What makes `buckets` unfit for a Reducer over the parameters as they are
@@ -540,29 +565,32 @@ std::optional<std::string> DistributedDataParallel::Impl::layout_error(
   return std::nullopt;
 }
 
-// Rank 0's `layout`, on every rank (each calls this at the same forward):
-// ranks that were given other buckets would all-reduce buffers that do not
-// match, so, as the Reducer's rebuild does, every rank takes rank 0's.
+// Rank 0's `layout`, on every rank (a collective): ranks given other
+// buckets would all-reduce buffers that do not match, so, as the Reducer's
+// rebuild does, every rank takes rank 0's.
 Layout DistributedDataParallel::Impl::rank0_layout(const Layout& layout) const {
   const auto device = params.front().device();
-  at::Tensor count = at::empty({1}, at::kLong);
-  count.data_ptr<int64_t>()[0] = static_cast<int64_t>(layout.size());
-  std::vector<at::Tensor> message = {count.to(device)};
+  int64_t total = 0;
+  for (const auto& b : layout) {
+    total += static_cast<int64_t>(b.size());
+  }
+  at::Tensor header = at::empty({2}, at::kLong);
+  header.data_ptr<int64_t>()[0] = static_cast<int64_t>(layout.size());
+  header.data_ptr<int64_t>()[1] = total;
+  std::vector<at::Tensor> message = {header.to(device)};
   c10d::broadcast_coalesced(group, message, kBroadcastBucketBytes, 0);
-  const int64_t buckets = message.front().cpu().data_ptr<int64_t>()[0];
-  // Each bucket's size, then every bucket's indices in turn.
-  const auto n = static_cast<int64_t>(params.size());
-  at::Tensor flat = at::zeros({buckets + n}, at::kLong);
-  if (buckets == static_cast<int64_t>(layout.size())) {  // (else this rank's is not sent)
+  header = message.front().cpu();
+  const int64_t buckets = header.data_ptr<int64_t>()[0], indices = header.data_ptr<int64_t>()[1];
+  // Each bucket's size, then every bucket's indices in turn (only rank 0's
+  // are sent: the others' are overwritten).
+  at::Tensor flat = at::zeros({buckets + indices}, at::kLong);
+  if (buckets == static_cast<int64_t>(layout.size()) && indices == total) {
     int64_t* out = flat.data_ptr<int64_t>();
     int64_t at = buckets;
     for (size_t b = 0; b < layout.size(); ++b) {
       out[b] = static_cast<int64_t>(layout[b].size());
       for (const size_t i : layout[b]) {
-        if (at < buckets + n) {
-          out[at] = static_cast<int64_t>(i);
-        }
-        ++at;
+        out[at++] = static_cast<int64_t>(i);
       }
     }
   }
@@ -573,38 +601,59 @@ Layout DistributedDataParallel::Impl::rank0_layout(const Layout& layout) const {
   Layout out(static_cast<size_t>(buckets));
   int64_t at = buckets;
   for (int64_t b = 0; b < buckets; ++b) {
-    for (int64_t k = 0; k < in[b] && at < buckets + n; ++k) {
+    for (int64_t k = 0; k < in[b]; ++k) {
       out[static_cast<size_t>(b)].push_back(static_cast<size_t>(in[at++]));
     }
   }
   return out;
 }
 
-// Records the order this backward's gradients arrive in: a tensor hook
-// runs in the gradient accumulator's call, as the Reducer's own hook does,
-// so both see the same order.
-void DistributedDataParallel::Impl::start_recording() {
-  stop_recording();
-  {
+namespace {
+// Beside the Reducer's own post hook on a gradient accumulator, called as it
+// is (the same node call, whether or not a gradient came): records the
+// order the Reducer's rebuild will use.
+class ArrivalHook final : public torch::autograd::FunctionPostHook {
+ public:
+  ArrivalHook(std::function<void()> arrived) : arrived_(std::move(arrived)) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    arrived_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> arrived_;
+};
+}  // namespace
+
+void DistributedDataParallel::Impl::arrived(size_t index) {
+  if (recording) {
     std::lock_guard<std::mutex> lock(arrival_mutex);
-    arrival.clear();
-  }
-  for (const auto& p : params) {
-    if (!p.requires_grad()) {  // (frozen since: no hook, no prediction)
-      return;
-    }
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    arrival_hooks.push_back(params[i].register_hook([this, i](const at::TensorBase&) {
-      std::lock_guard<std::mutex> lock(arrival_mutex);
-      arrival.push_back(static_cast<int64_t>(i));
-    }));
+    arrival.push_back(static_cast<int64_t>(index));
   }
 }
 
-void DistributedDataParallel::Impl::stop_recording() {
-  for (size_t i = 0; i < arrival_hooks.size(); ++i) {
-    params[i].remove_hook(arrival_hooks[i]);
+// A hook on each accumulator the Reducer hooked, once per Reducer, until it
+// rebuilds (none where one is missing: no prediction then).
+void DistributedDataParallel::Impl::hook_arrivals() {
+  std::vector<NodePtr> nodes;
+  for (const auto& p : params) {
+    nodes.push_back(torch::autograd::impl::try_get_grad_accumulator(p));
+    if (!nodes.back()) {
+      return;
+    }
+  }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const uintptr_t key =
+        nodes[i]->add_post_hook(std::make_unique<ArrivalHook>([this, i] { arrived(i); }));
+    arrival_hooks.emplace_back(std::move(nodes[i]), key);
+  }
+}
+
+void DistributedDataParallel::Impl::unhook_arrivals() {
+  for (auto& [node, key] : arrival_hooks) {
+    node->del_post_hook(key);
   }
   arrival_hooks.clear();
 }
@@ -621,8 +670,18 @@ std::optional<Layout> DistributedDataParallel::Impl::predicted_rebuild() const {
     std::lock_guard<std::mutex> lock(arrival_mutex);
     order = arrival;
   }
-  if (order.size() != params.size()) {
+  // The first backward's: each parameter once (a later backward of the same
+  // graph, with retain_graph, comes after the Reducer stopped recording).
+  if (order.size() < params.size()) {
     return std::nullopt;
+  }
+  order.resize(params.size());
+  std::vector<bool> seen(params.size(), false);
+  for (const int64_t i : order) {
+    if (seen[static_cast<size_t>(i)]) {
+      return std::nullopt;
+    }
+    seen[static_cast<size_t>(i)] = true;
   }
   const auto [first_bucket_bytes, bucket_bytes] = bucket_caps();
   const char* last_small = std::getenv("DDP_SET_LAST_BUCKET_CAP");
@@ -644,9 +703,10 @@ std::optional<Layout> DistributedDataParallel::Impl::predicted_rebuild() const {
 }
 
 void DistributedDataParallel::set_bucket_indices(std::vector<std::vector<size_t>> buckets) {
-  const auto error = impl_->layout_error(buckets);
+  Layout given = impl_->rank0_layout(buckets);
+  const auto error = impl_->layout_error(given);  // rank 0's, alike on every rank
   TORCH_CHECK_VALUE(!error, "DistributedDataParallel::set_bucket_indices: ", error.value_or(""));
-  impl_->next_buckets = std::move(buckets);
+  impl_->next_buckets = std::move(given);
 }
 
 }  // namespace torchamp

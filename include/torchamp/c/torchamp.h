@@ -310,10 +310,11 @@ TORCHAMP_C_API torchamp_status torchamp_ddp_bucket_indices(torchamp_ddp* ddp, in
 /* DistributedDataParallel::set_bucket_indices: a checkpoint's buckets, as
  * torchamp_ddp_bucket_indices gave them, so that a resumed run adds its
  * gradients in the uninterrupted run's order (on 3 or more ranks the bits
- * depend on it). Every rank calls it, between iterations; the next
- * prepare_backward takes rank 0's. Buckets that are not each parameter
- * once, or sizes that do not add up to index_count: TORCHAMP_VALUE_ERROR
- * naming the value, nothing changed. */
+ * depend on it). Collective: every rank calls it, between iterations, and
+ * every rank takes rank 0's buckets (a rank whose arguments are refused
+ * before that leaves the others waiting until the group's timeout).
+ * Buckets that are not each parameter once, or sizes that do not add up
+ * to index_count: TORCHAMP_VALUE_ERROR naming the value, nothing changed. */
 TORCHAMP_C_API torchamp_status torchamp_ddp_set_bucket_indices(torchamp_ddp* ddp,
                                                                const int64_t* sizes,
                                                                size_t bucket_count,

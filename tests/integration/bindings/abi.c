@@ -567,6 +567,11 @@ static int distributed_rank(const char* work) {
     OK(torchamp_ddp_bucket_indices(ddp, sizes, &count, indices, 2));
     EXPECT(count == 2 && sizes[0] == 1 && sizes[1] == 1 && indices[0] == 1 && indices[1] == 0);
     reduced_backward(ddp, x, y, w, b, local, other, 0.5f, 0.5f, "two buckets");
+    /* After that first backward of the new Reducer: the one bucket its
+     * rebuild at the next forward will make (both fit the 25 MiB cap). */
+    count = 4;
+    OK(torchamp_ddp_bucket_indices(ddp, sizes, &count, indices, 2));
+    EXPECT(count == 1 && sizes[0] == 2);
     OK(torchamp_optimizer_zero_grad(optimizer, 0));
   }
 
