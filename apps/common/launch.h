@@ -70,8 +70,8 @@ class DataParallel {
   /// checkpoint; none on one process.
   std::vector<std::vector<int64_t>> buckets() const;
   /// A checkpoint's buckets, so a resumed run reduces as the uninterrupted
-  /// one (DistributedDataParallel::set_bucket_indices); nothing on one
-  /// process.
+  /// one (DistributedDataParallel::set_bucket_indices: a collective, so
+  /// every rank calls it, as every rank loads); nothing on one process.
   void set_buckets(const std::vector<std::vector<int64_t>>& buckets);
 
  private:
