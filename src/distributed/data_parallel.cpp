@@ -31,6 +31,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <unordered_set>
 
 namespace torchamp {
@@ -249,21 +250,24 @@ std::pair<int64_t, int64_t> DistributedDataParallel::Impl::bucket_caps() const {
 void DistributedDataParallel::Impl::make_reducer(std::optional<Layout> layout) {
   Impl& d = *this;
   const auto [first_bucket_bytes, bucket_bytes] = d.bucket_caps();
-  std::vector<size_t> limits;
-  if (!d.options.find_unused_parameters()) {
-    limits = {static_cast<size_t>(std::numeric_limits<int64_t>::max())};
-  } else if (first_bucket_bytes < bucket_bytes) {
-    limits = {static_cast<size_t>(first_bucket_bytes), static_cast<size_t>(bucket_bytes)};
-  } else {
-    limits = {static_cast<size_t>(bucket_bytes)};
-  }
-  auto [buckets, bucket_limits] =
-      c10d::compute_bucket_assignment_by_size(d.params, limits, d.sparse);
-  std::reverse(buckets.begin(), buckets.end());
-  std::reverse(bucket_limits.begin(), bucket_limits.end());
+  Layout buckets;
+  std::vector<size_t> bucket_limits;
   if (layout) {  // (the limits are the Reducer's logging only)
     bucket_limits.assign(layout->size(), static_cast<size_t>(bucket_bytes));
     buckets = std::move(*layout);
+  } else {
+    std::vector<size_t> limits;
+    if (!d.options.find_unused_parameters()) {
+      limits = {static_cast<size_t>(std::numeric_limits<int64_t>::max())};
+    } else if (first_bucket_bytes < bucket_bytes) {
+      limits = {static_cast<size_t>(first_bucket_bytes), static_cast<size_t>(bucket_bytes)};
+    } else {
+      limits = {static_cast<size_t>(bucket_bytes)};
+    }
+    std::tie(buckets, bucket_limits) =
+        c10d::compute_bucket_assignment_by_size(d.params, limits, d.sparse);
+    std::reverse(buckets.begin(), buckets.end());
+    std::reverse(bucket_limits.begin(), bucket_limits.end());
   }
   std::unordered_map<size_t, std::string> names;
   for (size_t i = 0; i < d.names.size(); ++i) {
@@ -458,7 +462,7 @@ void DistributedDataParallel::post_forward_(const std::vector<at::Tensor>& outpu
       d.reducer->prepare_for_backward(
           d.options.find_unused_parameters() ? outputs : std::vector<at::Tensor>{});
     });
-    if (!d.rebuilt && !d.arrival_hooks.empty()) {  // the backward the Reducer rebuilds from
+    if (!d.arrival_hooks.empty()) {  // (until the rebuild) the backward it rebuilds from
       std::lock_guard<std::mutex> lock(d.arrival_mutex);
       d.arrival.clear();
       d.recording = true;
